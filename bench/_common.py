@@ -1,0 +1,76 @@
+"""Timing and reporting shared by the benchmarks: median of CUDA-event timings with the L2 cache
+flushed before every timed call, and a JSON record with device, torch version and commit."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+class Timer:
+    def __init__(self, warmup: int = 5, iters: int = 30):
+        self.warmup = warmup
+        self.iters = iters
+        # Larger than any Hopper L2 (50-60 MB): zeroing it evicts the inputs of the previous call.
+        self._flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+
+    def median_us(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
+        for start, end in zip(starts, ends):
+            self._flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+        return times[len(times) // 2]
+
+
+def commit() -> str:
+    env = os.environ.get("CUTLASS_EXT_COMMIT")
+    if env:
+        return env
+    try:
+        root = Path(__file__).resolve().parent.parent
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_slug() -> str:
+    return torch.cuda.get_device_name().replace("NVIDIA ", "").replace(" ", "-").lower()
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def write_results(name: str, payload: dict, out: str | None = None) -> Path:
+    record = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **payload,
+    }
+    path = Path(out) if out else RESULTS_DIR / f"{name}-{device_slug()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    return path

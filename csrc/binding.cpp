@@ -1,0 +1,389 @@
+// Host binding: checks tensors, picks layouts from strides (copying only what TMA cannot read),
+// allocates outputs and workspace from the torch allocator, fills the plain params structs and
+// launches on the current stream. Only torch's device-generic headers are used (no ATen/cuda),
+// so this file builds against any torch wheel.
+#include <torch/extension.h>
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "common/activation.h"
+#include "elementwise/activation_kernels.h"
+#include "gemm/gemm_params.h"
+
+namespace cutlass_ext {
+namespace {
+
+#define CE_CHECK(cond, ...) TORCH_CHECK(cond, "cutlass_ext: ", __VA_ARGS__)
+
+// ---------------------------------------------------------------------------------------------
+// Device and stream helpers (the one device-property cache)
+
+int sm_count(int device) {
+  static std::vector<int> cache;
+  if (device >= int(cache.size())) cache.resize(device + 1, 0);
+  if (cache[device] == 0) {
+    int value = 0;
+    const cudaError_t err = cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
+    CE_CHECK(err == cudaSuccess, "cannot query the multiprocessor count of cuda:", device, ": ",
+             cudaGetErrorString(err));
+    cache[device] = value;
+  }
+  return cache[device];
+}
+
+cudaStream_t current_stream(const at::Device& device) {
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
+  return static_cast<cudaStream_t>(stream.native_handle());
+}
+
+// Debug aid for tests: CUTLASS_EXT_POISON_OUTPUTS=1 fills every output with NaN before the
+// kernel writes it, so an element a kernel forgets to write cannot pass a comparison.
+bool poison_outputs() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("CUTLASS_EXT_POISON_OUTPUTS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
+at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor t = at::empty(sizes, options);
+  if (poison_outputs()) t.fill_(std::numeric_limits<float>::quiet_NaN());
+  return t;
+}
+
+void check_launch(const LaunchResult& r, const char* op, const char* kernel) {
+  CE_CHECK(r.ok(), op, ": kernel ", kernel, " failed at ", r.stage, ": ", r.detail);
+}
+
+DType dtype_of(const at::Tensor& t, const char* op, const char* arg) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kFloat: return DType::kF32;
+    default:
+      CE_CHECK(false, op, ": ", arg, " has dtype ", t.scalar_type(),
+               "; supported are float16, bfloat16 and float32");
+  }
+  return DType::kF32;
+}
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kF16: return "fp16";
+    case DType::kBF16: return "bf16";
+    case DType::kF32: return "f32";
+  }
+  return "?";
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// ---------------------------------------------------------------------------------------------
+// Operand layouts
+
+// A [L, X, Y] matrix as the kernels see it: one unit stride, the other strides multiples of
+// `align` elements, a 16-byte aligned base (what TMA needs).
+struct MatrixView {
+  bool y_contiguous = true;
+  int64_t stride_x = 0, stride_y = 0, stride_l = 0;
+};
+
+// Returns false when the kernels cannot read `t` in place. Strides of extent-1 modes are never
+// used to form an address, so they are replaced by harmless aligned values.
+bool as_matrix(const at::Tensor& t, int64_t align, MatrixView& v) {
+  const int64_t L = t.size(0), X = t.size(1), Y = t.size(2);
+  if (align > 1 && !aligned16(t.data_ptr())) return false;
+  auto ok = [&](int64_t s) { return s > 0 && s % align == 0; };
+  const int64_t sl = L == 1 ? round_up(X, align) * round_up(Y, align) : t.stride(0);
+  if (!ok(sl)) return false;
+  if ((t.stride(2) == 1 || Y == 1) && Y % align == 0) {
+    const int64_t sx = X == 1 ? round_up(Y, align) : t.stride(1);
+    if (ok(sx)) {
+      v = {true, sx, 1, sl};
+      return true;
+    }
+  }
+  if ((t.stride(1) == 1 || X == 1) && X % align == 0) {
+    const int64_t sy = Y == 1 ? round_up(X, align) : t.stride(2);
+    if (ok(sy)) {
+      v = {false, 1, sy, sl};
+      return true;
+    }
+  }
+  return false;
+}
+
+// Copies t [L, X, Y] into a fresh row-major [L, Xp, Yp] tensor, zero-filling the padding.
+at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
+  const int64_t X = t.size(1), Y = t.size(2);
+  at::Tensor out = (Xp != X || Yp != Y) ? at::zeros({t.size(0), Xp, Yp}, t.options())
+                                        : at::empty({t.size(0), Xp, Yp}, t.options());
+  out.narrow(1, 0, X).narrow(2, 0, Y).copy_(t);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel selection
+
+const GemmKernelEntry* select_kernel(DType dtype, MathMode math, Major a, Major b, bool aux, int64_t M,
+                                     int64_t N, int64_t L, int sms, const std::string& config) {
+  std::vector<const GemmKernelEntry*> candidates;
+  for (int i = 0; i < kNumGemmKernels; ++i) {
+    const GemmKernelEntry& e = kGemmKernels[i];
+    if (e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b && e.aux == aux) {
+      candidates.push_back(&e);
+    }
+  }
+  CE_CHECK(!candidates.empty(), "no GEMM kernel was built for ", dtype_name(dtype),
+           math == MathMode::kExactF32 ? " (exact fp32)" : "", " with A ",
+           a == Major::kK ? "K-major" : "M-major", ", B ", b == Major::kK ? "K-major" : "N-major",
+           aux ? " and an aux output" : "",
+           "; rebuild without a CUTLASS_EXT_KERNELS filter that excludes it");
+  if (!config.empty()) {
+    std::string names;
+    for (const GemmKernelEntry* e : candidates) {
+      if (config == e->config) return e;
+      names += std::string(" ") + e->config;
+    }
+    CE_CHECK(false, "config '", config, "' is not built for this dtype and layout; built:", names);
+  }
+  // Heuristic: the largest data-parallel tile when its tiles fill the machine at least once;
+  // otherwise a stream-K config, which splits the K loop to occupy every SM.
+  const GemmKernelEntry* best_dp = nullptr;
+  const GemmKernelEntry* best_sk = nullptr;
+  for (const GemmKernelEntry* e : candidates) {
+    const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
+    if (slot == nullptr || e->tile_m * e->tile_n > slot->tile_m * slot->tile_n) slot = e;
+  }
+  if (best_dp != nullptr) {
+    const int64_t tiles = (M + best_dp->tile_m - 1) / best_dp->tile_m * ((N + best_dp->tile_n - 1) / best_dp->tile_n) * L;
+    if (tiles >= sms || best_sk == nullptr) return best_dp;
+  }
+  return best_sk;
+}
+
+void run_activation(const at::Tensor& input, const at::Tensor& output, int64_t activation, cudaStream_t stream) {
+  ActForwardParams p;
+  p.numel = input.numel();
+  p.dtype = dtype_of(input, "gemm", "input");
+  p.activation = int(activation);
+  p.input = input.data_ptr();
+  p.output = output.data_ptr();
+  check_launch(activation_forward(p, stream), "gemm", "activation_forward");
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm: D = act(A @ B + bias), optionally also Aux = A @ B + bias.
+// a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N] (any strides); bias: [N] or None.
+// Returns (D, Aux) with D contiguous [.., M, N]; Aux is an empty tensor unless requested and the
+// activation's backward needs it.
+
+std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor& b,
+                                        const c10::optional<at::Tensor>& bias, int64_t activation,
+                                        bool want_aux, bool exact_f32, const std::string& config) {
+  const char* op = "gemm";
+  CE_CHECK(a.is_cuda() && b.is_cuda(), op, ": A and B must be CUDA tensors");
+  CE_CHECK(a.device() == b.device(), op, ": A is on ", a.device(), " but B is on ", b.device());
+  CE_CHECK((a.dim() == 2 || a.dim() == 3) && b.dim() == a.dim(), op,
+           ": A and B must both be 2-D or both 3-D, got ", a.dim(), "-D and ", b.dim(), "-D");
+  CE_CHECK(activation >= 0 && activation < kNumActivations, op, ": unknown activation code ", activation);
+  const DType dt = dtype_of(a, op, "A");
+  CE_CHECK(b.scalar_type() == a.scalar_type(), op, ": B has dtype ", b.scalar_type(), " but A has ",
+           a.scalar_type());
+  const c10::DeviceGuard guard(a.device());
+  const bool batched = a.dim() == 3;
+  at::Tensor a3 = batched ? a : a.unsqueeze(0);
+  at::Tensor b3 = batched ? b : b.unsqueeze(0);
+  const int64_t L = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
+  CE_CHECK(b3.size(0) == L && b3.size(1) == K, op, ": shapes ", a.sizes(), " and ", b.sizes(),
+           " cannot be multiplied");
+  CE_CHECK(M <= std::numeric_limits<int>::max() && N <= std::numeric_limits<int>::max() &&
+               K <= std::numeric_limits<int>::max() && L <= std::numeric_limits<int>::max(),
+           op, ": dimensions must fit in 32 bits");
+  if (bias.has_value()) {
+    CE_CHECK(bias->device() == a.device() && bias->scalar_type() == a.scalar_type() && bias->dim() == 1 &&
+                 bias->size(0) == N,
+             op, ": bias must be a [", N, "] ", a.scalar_type(), " tensor on ", a.device());
+  }
+  const bool aux = want_aux && act::needs_preactivation(int(activation));
+  const at::TensorOptions options = a.options();
+  auto shape_out = [&](const at::Tensor& t) { return batched ? t : t.squeeze(0); };
+
+  if (M == 0 || N == 0 || K == 0) {
+    // Nothing to multiply: D = act(bias) broadcast (or act(0)).
+    at::Tensor z = bias.has_value() ? bias->expand({L, M, N}).contiguous() : at::zeros({L, M, N}, options);
+    at::Tensor d = new_output({L, M, N}, options);
+    run_activation(z, d, activation, current_stream(a.device()));
+    return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
+  }
+
+  const MathMode math = (dt == DType::kF32 && exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
+  const int64_t align = math == MathMode::kExactF32 ? 1 : 16 / int64_t(a.element_size());
+  const int64_t Kp = round_up(K, align), Np = round_up(N, align);
+
+  MatrixView va, vb;
+  if (!(Kp == K && as_matrix(a3, align, va))) {
+    a3 = padded_copy(a3, M, Kp);
+    CE_CHECK(as_matrix(a3, align, va), op, ": internal error: padded A is not readable");
+  }
+  if (!(Kp == K && Np == N && as_matrix(b3, align, vb))) {
+    b3 = padded_copy(b3.transpose(1, 2), Np, Kp).transpose(1, 2);
+    CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: padded B is not readable");
+  }
+  at::Tensor bias_k;
+  if (bias.has_value()) {
+    bias_k = *bias;
+    if (Np != N || !aligned16(bias_k.data_ptr())) {
+      at::Tensor padded = at::zeros({Np}, options);
+      padded.narrow(0, 0, N).copy_(bias_k);
+      bias_k = padded;
+    }
+  }
+
+  const bool kernel_aux = aux && math == MathMode::kTensorOp;
+  at::Tensor d = new_output({L, M, Np}, options);
+  at::Tensor z = aux ? new_output({L, M, Np}, options) : at::Tensor();
+
+  const int device = a.device().index();
+  GemmParams p;
+  p.M = int(M);
+  p.N = int(Np);
+  p.K = int(Kp);
+  p.L = int(L);
+  p.A = a3.data_ptr();
+  p.a_stride_m = va.stride_x;
+  p.a_stride_k = va.stride_y;
+  p.a_stride_l = va.stride_l;
+  p.B = b3.data_ptr();
+  p.b_stride_k = vb.stride_x;
+  p.b_stride_n = vb.stride_y;
+  p.b_stride_l = vb.stride_l;
+  // The exact-fp32 kernel has no aux epilogue: it writes Z and the activation runs afterwards.
+  const bool split_activation = aux && !kernel_aux;
+  p.D = split_activation ? z.data_ptr() : d.data_ptr();
+  p.d_stride_m = Np;
+  p.d_stride_l = M * Np;
+  p.bias = bias_k.defined() ? bias_k.data_ptr() : nullptr;
+  p.aux = kernel_aux ? z.data_ptr() : nullptr;
+  p.aux_stride_m = Np;
+  p.aux_stride_l = M * Np;
+  p.activation = split_activation ? int(Activation::kNone) : int(activation);
+  p.device = device;
+  p.sm_count = sm_count(device);
+
+  const Major a_major = va.y_contiguous ? Major::kK : Major::kMN;
+  const Major b_major = vb.y_contiguous ? Major::kMN : Major::kK;
+  const GemmKernelEntry* kernel = select_kernel(dt, math, a_major, b_major, kernel_aux, M, Np, L, p.sm_count, config);
+
+  const size_t workspace_bytes = kernel->workspace_size(p);
+  at::Tensor workspace;
+  if (workspace_bytes > 0) workspace = at::empty({int64_t(workspace_bytes)}, options.dtype(at::kByte));
+  const cudaStream_t stream = current_stream(a.device());
+  check_launch(kernel->run(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream), op, kernel->name);
+  if (split_activation) run_activation(z, d, activation, stream);
+
+  if (Np != N) {
+    d = d.narrow(2, 0, N).contiguous();
+    if (aux) z = z.narrow(2, 0, N).contiguous();
+  }
+  return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// act_grad: (dZ, dbias) from dY and the saved tensor, in one pass. grad/saved are [rows, cols].
+
+std::tuple<at::Tensor, at::Tensor> act_grad_op(const at::Tensor& grad, const c10::optional<at::Tensor>& saved,
+                                            int64_t activation, bool need_input_grad, bool need_bias_grad) {
+  const char* op = "act_grad";
+  CE_CHECK(grad.is_cuda() && grad.dim() == 2, op, ": grad must be a 2-D CUDA tensor");
+  CE_CHECK(activation >= 0 && activation < kNumActivations, op, ": unknown activation code ", activation);
+  const DType dt = dtype_of(grad, op, "grad");
+  const c10::DeviceGuard guard(grad.device());
+  const int64_t rows = grad.size(0), cols = grad.size(1);
+  const bool uses_saved = activation != int64_t(Activation::kNone);
+  auto row_major = [](const at::Tensor& t) { return t.stride(1) == 1 || t.size(1) <= 1 ? t : t.contiguous(); };
+  at::Tensor g = row_major(grad);
+  at::Tensor s;
+  if (uses_saved) {
+    CE_CHECK(saved.has_value() && saved->sizes() == grad.sizes() && saved->scalar_type() == grad.scalar_type() &&
+                 saved->device() == grad.device(),
+             op, ": saved must match grad's shape, dtype and device");
+    s = row_major(*saved);
+  }
+  const bool write_input = need_input_grad && uses_saved;
+  at::Tensor dz = write_input ? new_output({rows, cols}, grad.options()) : at::empty({0}, grad.options());
+  at::Tensor db = need_bias_grad ? new_output({cols}, grad.options()) : at::empty({0}, grad.options());
+  if (!write_input && !need_bias_grad) return {dz, db};
+  if (rows == 0) {
+    if (need_bias_grad) db.zero_();
+    return {dz, db};
+  }
+
+  const int device = grad.device().index();
+  ActGradParams p;
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = dt;
+  p.activation = int(activation);
+  p.grad = g.data_ptr();
+  p.grad_ld = cols <= 1 ? 1 : g.stride(0);
+  if (uses_saved) {
+    p.saved = s.data_ptr();
+    p.saved_ld = cols <= 1 ? 1 : s.stride(0);
+  }
+  if (write_input) {
+    p.grad_input = dz.data_ptr();
+    p.grad_input_ld = cols;
+  }
+  at::Tensor partials;
+  if (need_bias_grad) {
+    p.grad_bias = db.data_ptr();
+    p.row_splits = act_grad_row_splits(rows, cols, dt, sm_count(device));
+    if (p.row_splits > 1) {
+      partials = at::empty({p.row_splits, cols}, grad.options().dtype(at::kFloat));
+      p.partials = partials.data_ptr<float>();
+    }
+  } else {
+    p.row_splits = act_grad_row_splits(rows, cols, dt, sm_count(device));
+  }
+  check_launch(cutlass_ext::act_grad(p, current_stream(grad.device())), op, "act_grad");
+  return {dz, db};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Introspection for cutlass_ext.info and the tests.
+
+std::vector<std::string> activation_names() {
+  return std::vector<std::string>(kActivationNames, kActivationNames + kNumActivations);
+}
+
+std::vector<std::tuple<std::string, std::string>> kernels() {
+  std::vector<std::tuple<std::string, std::string>> out;
+  for (int i = 0; i < kNumGemmKernels; ++i) out.emplace_back(kGemmKernels[i].name, kGemmKernels[i].config);
+  return out;
+}
+
+}  // namespace
+}  // namespace cutlass_ext
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "cutlass_ext CUDA kernels (loaded by cutlass_ext on first CUDA use)";
+  m.def("gemm", &cutlass_ext::gemm_op, "D = act(A @ B + bias), optionally with the pre-activation", py::arg("a"),
+        py::arg("b"), py::arg("bias"), py::arg("activation"), py::arg("want_aux"), py::arg("exact_f32"),
+        py::arg("config"));
+  m.def("act_grad", &cutlass_ext::act_grad_op, "fused activation backward and bias gradient", py::arg("grad"),
+        py::arg("saved"), py::arg("activation"), py::arg("need_input_grad"), py::arg("need_bias_grad"));
+  m.def("activation_names", &cutlass_ext::activation_names);
+  m.def("kernels", &cutlass_ext::kernels);
+}

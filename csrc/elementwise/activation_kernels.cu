@@ -1,0 +1,205 @@
+#include "elementwise/activation_kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include <cutlass/numeric_types.h>
+
+#include "common/activation.h"
+
+namespace cutlass_ext {
+namespace {
+
+constexpr int kThreadsX = 32;  // threads across columns (each owns kVec adjacent columns)
+constexpr int kThreadsY = 8;   // threads across rows
+constexpr int kMinRowsPerSplit = 32;
+
+template <class T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <DType D> struct ElementOf;
+template <> struct ElementOf<DType::kF16> { using type = cutlass::half_t; };
+template <> struct ElementOf<DType::kBF16> { using type = cutlass::bfloat16_t; };
+template <> struct ElementOf<DType::kF32> { using type = float; };
+
+template <class T>
+constexpr int vec_width() { return 16 / int(sizeof(T)); }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <class T, int kVec, int kKind>
+__global__ void __launch_bounds__(kThreadsX* kThreadsY)
+act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
+  __shared__ float sums[kThreadsY][kThreadsX * kVec];
+  const int64_t col0 = (int64_t(blockIdx.x) * kThreadsX + threadIdx.x) * kVec;
+  const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
+  const int64_t row_end = min(p.rows, row_begin + rows_per_split);
+  const T* grad = static_cast<const T*>(p.grad);
+  const T* saved = static_cast<const T*>(p.saved);
+  T* grad_input = static_cast<T*>(p.grad_input);
+
+  float acc[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
+
+  if (col0 < p.cols) {
+    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kThreadsY) {
+      Pack<T, kVec> g = *reinterpret_cast<const Pack<T, kVec>*>(grad + r * p.grad_ld + col0);
+      Pack<T, kVec> s;
+      if constexpr (kKind != int(Activation::kNone)) {
+        s = *reinterpret_cast<const Pack<T, kVec>*>(saved + r * p.saved_ld + col0);
+      }
+      Pack<T, kVec> out;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        float s_i = 0.f;
+        if constexpr (kKind != int(Activation::kNone)) s_i = float(s.v[i]);
+        const float dz = act::backward(kKind, float(g.v[i]), s_i);
+        out.v[i] = T(dz);
+        acc[i] += dz;
+      }
+      if (grad_input != nullptr) {
+        *reinterpret_cast<Pack<T, kVec>*>(grad_input + r * p.grad_input_ld + col0) = out;
+      }
+    }
+  }
+  if (p.grad_bias == nullptr) return;
+
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) sums[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
+  __syncthreads();
+  // Threads of row 0 add the kThreadsY partial rows in a fixed order.
+  if (threadIdx.y != 0 || col0 >= p.cols) return;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    float total = 0.f;
+#pragma unroll
+    for (int y = 0; y < kThreadsY; ++y) total += sums[y][threadIdx.x * kVec + i];
+    if (p.row_splits == 1) {
+      static_cast<T*>(p.grad_bias)[col0 + i] = T(total);
+    } else {
+      p.partials[int64_t(blockIdx.y) * p.cols + col0 + i] = total;
+    }
+  }
+}
+
+template <class T>
+__global__ void bias_grad_finalize_kernel(const float* partials, int splits, int64_t cols, T* out) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float total = 0.f;
+  for (int s = 0; s < splits; ++s) total += partials[int64_t(s) * cols + c];
+  out[c] = T(total);
+}
+
+template <class T, int kVec, int kKind>
+void launch_act_grad_kind(ActGradParams const& p, cudaStream_t stream) {
+  const int64_t col_blocks = (p.cols + kThreadsX * kVec - 1) / (kThreadsX * kVec);
+  const int64_t rows_per_split = (p.rows + p.row_splits - 1) / p.row_splits;
+  const dim3 grid(unsigned(col_blocks), unsigned(p.row_splits));
+  act_grad_kernel<T, kVec, kKind><<<grid, dim3(kThreadsX, kThreadsY), 0, stream>>>(p, rows_per_split);
+}
+
+template <class T, int kVec>
+void launch_act_grad_vec(ActGradParams const& p, cudaStream_t stream) {
+  switch (p.activation) {
+    case int(Activation::kRelu): return launch_act_grad_kind<T, kVec, int(Activation::kRelu)>(p, stream);
+    case int(Activation::kGelu): return launch_act_grad_kind<T, kVec, int(Activation::kGelu)>(p, stream);
+    case int(Activation::kGeluTanh): return launch_act_grad_kind<T, kVec, int(Activation::kGeluTanh)>(p, stream);
+    case int(Activation::kSilu): return launch_act_grad_kind<T, kVec, int(Activation::kSilu)>(p, stream);
+    default: return launch_act_grad_kind<T, kVec, int(Activation::kNone)>(p, stream);
+  }
+}
+
+template <class T>
+void launch_act_grad(ActGradParams const& p, cudaStream_t stream) {
+  constexpr int kVec = vec_width<T>();
+  const bool saved_used = p.activation != int(Activation::kNone);
+  const bool vectorizable =
+      p.cols % kVec == 0 && p.grad_ld % kVec == 0 && aligned16(p.grad) &&
+      (!saved_used || (p.saved_ld % kVec == 0 && aligned16(p.saved))) &&
+      (p.grad_input == nullptr || (p.grad_input_ld % kVec == 0 && aligned16(p.grad_input)));
+  if (vectorizable) {
+    launch_act_grad_vec<T, kVec>(p, stream);
+  } else {
+    launch_act_grad_vec<T, 1>(p, stream);
+  }
+  if (p.grad_bias != nullptr && p.row_splits > 1) {
+    const int threads = 256;
+    const unsigned blocks = unsigned((p.cols + threads - 1) / threads);
+    bias_grad_finalize_kernel<T><<<blocks, threads, 0, stream>>>(p.partials, p.row_splits, p.cols,
+                                                                 static_cast<T*>(p.grad_bias));
+  }
+}
+
+template <class T, int kKind>
+__global__ void activation_forward_kernel(const T* in, T* out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = T(act::forward(kKind, float(in[i])));
+  }
+}
+
+template <class T, int kKind>
+void launch_activation_forward_kind(ActForwardParams const& p, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((p.numel + threads - 1) / threads, 65535);
+  activation_forward_kernel<T, kKind><<<unsigned(blocks), threads, 0, stream>>>(
+      static_cast<const T*>(p.input), static_cast<T*>(p.output), p.numel);
+}
+
+template <class T>
+void launch_activation_forward(ActForwardParams const& p, cudaStream_t stream) {
+  switch (p.activation) {
+    case int(Activation::kRelu): return launch_activation_forward_kind<T, int(Activation::kRelu)>(p, stream);
+    case int(Activation::kGelu): return launch_activation_forward_kind<T, int(Activation::kGelu)>(p, stream);
+    case int(Activation::kGeluTanh): return launch_activation_forward_kind<T, int(Activation::kGeluTanh)>(p, stream);
+    case int(Activation::kSilu): return launch_activation_forward_kind<T, int(Activation::kSilu)>(p, stream);
+    default: return launch_activation_forward_kind<T, int(Activation::kNone)>(p, stream);
+  }
+}
+
+template <template <class> class Fn, class P>
+LaunchResult dispatch_dtype(P const& p, cudaStream_t stream) {
+  switch (p.dtype) {
+    case DType::kF16: Fn<ElementOf<DType::kF16>::type>{}(p, stream); break;
+    case DType::kBF16: Fn<ElementOf<DType::kBF16>::type>{}(p, stream); break;
+    case DType::kF32: Fn<ElementOf<DType::kF32>::type>{}(p, stream); break;
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
+  return {};
+}
+
+template <class T>
+struct ActGradFn {
+  void operator()(ActGradParams const& p, cudaStream_t s) const { launch_act_grad<T>(p, s); }
+};
+template <class T>
+struct ActForwardFn {
+  void operator()(ActForwardParams const& p, cudaStream_t s) const { launch_activation_forward<T>(p, s); }
+};
+
+}  // namespace
+
+int act_grad_row_splits(int64_t rows, int64_t cols, DType dtype, int sm_count) {
+  const int vec = dtype == DType::kF32 ? 4 : 8;
+  const int64_t col_blocks = (cols + kThreadsX * vec - 1) / (kThreadsX * vec);
+  const int64_t target_blocks = 4 * int64_t(std::max(sm_count, 1));
+  const int64_t max_splits = std::max<int64_t>(1, rows / kMinRowsPerSplit);
+  const int64_t splits = std::min<int64_t>((target_blocks + col_blocks - 1) / col_blocks, max_splits);
+  return int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
+}
+
+LaunchResult act_grad(ActGradParams const& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return {};
+  return dispatch_dtype<ActGradFn>(p, stream);
+}
+
+LaunchResult activation_forward(ActForwardParams const& p, cudaStream_t stream) {
+  if (p.numel == 0) return {};
+  return dispatch_dtype<ActForwardFn>(p, stream);
+}
+
+}  // namespace cutlass_ext

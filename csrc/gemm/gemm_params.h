@@ -1,0 +1,73 @@
+// Plain parameter structs between the host binding and the GEMM kernel translation units.
+// Torch-free and CUTLASS-free, so the binding never sees a CUTLASS template.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace cutlass_ext {
+
+enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
+
+// How an fp32 GEMM multiplies: on tensor cores in TF32, or exactly on the FMA units.
+enum class MathMode : int { kTensorOp = 0, kExactF32 = 1 };
+
+// D[l, m, n] = act(alpha * sum_k A[l, m, k] * B[l, k, n] + bias[n]); optionally
+// Aux[l, m, n] = the pre-activation value. All strides are in elements; the innermost
+// stride of D and Aux is 1.
+struct GemmParams {
+  int M = 0, N = 0, K = 0, L = 1;
+  const void* A = nullptr;
+  int64_t a_stride_m = 0, a_stride_k = 0, a_stride_l = 0;
+  const void* B = nullptr;
+  int64_t b_stride_k = 0, b_stride_n = 0, b_stride_l = 0;
+  void* D = nullptr;
+  int64_t d_stride_m = 0, d_stride_l = 0;
+  const void* bias = nullptr;  // [N], same dtype as D; nullptr for no bias
+  void* aux = nullptr;         // written only by kernels with an aux epilogue
+  int64_t aux_stride_m = 0, aux_stride_l = 0;
+  int activation = 0;  // cutlass_ext::Activation
+  float alpha = 1.f;
+  int device = 0;
+  int sm_count = 0;
+  int splits = 1;  // split-K factor for stream-K configs; 1 lets the scheduler decide
+};
+
+// Result of one launch. `stage` is nullptr on success, else the step that failed
+// ("can_implement", "initialize", "run", "launch") with a static description in `detail`.
+struct LaunchResult {
+  const char* stage = nullptr;
+  const char* detail = nullptr;
+  bool ok() const { return stage == nullptr; }
+};
+
+// Operand layouts, named for the GEMM's reduction dimension K:
+// A is K-major when A[m, k] is contiguous in k (a row-major [M, K] tensor), else M-major;
+// B is K-major when B[k, n] is contiguous in k (the transpose of a row-major [N, K] weight),
+// else N-major (a row-major [K, N] tensor).
+enum class Major : int { kK = 0, kMN = 1 };
+
+using GemmWorkspaceFn = size_t (*)(GemmParams const&);
+using GemmRunFn = LaunchResult (*)(GemmParams const&, void* workspace, cudaStream_t);
+
+struct GemmKernelEntry {
+  const char* name;
+  DType dtype;
+  MathMode math;
+  Major a_major;
+  Major b_major;
+  bool aux;            // epilogue also stores the pre-activation
+  const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
+  int tile_m, tile_n;
+  bool stream_k;
+  GemmWorkspaceFn workspace_size;
+  GemmRunFn run;
+};
+
+// Defined in the generated registry translation unit.
+extern const GemmKernelEntry kGemmKernels[];
+extern const int kNumGemmKernels;
+
+}  // namespace cutlass_ext

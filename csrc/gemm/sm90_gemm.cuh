@@ -1,0 +1,119 @@
+// CUTLASS 3.x warp-specialized TMA + WGMMA GEMMs for sm90 with a fused epilogue:
+//   D = act(alpha * A B + bias)            (Epilogue without aux)
+//   D = act(Z), Z = alpha * A B + bias     (Epilogue with aux: Z is stored too, for the backward)
+// The activation is a run-time parameter (RuntimeActivation); bias may be null.
+//
+// One "bundle" type per instantiation: element type, operand layouts, aux on/off, tile, cluster,
+// schedule and tile scheduler. Generated translation units instantiate exactly one bundle each.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+
+#include "gemm/epilogue_activation.cuh"
+#include "gemm/gemm_params.h"
+#include "gemm/launcher.cuh"
+
+namespace cutlass_ext::sm90 {
+
+// Warp-specialized schedules: the mainloop kernel schedule and its matching epilogue schedule.
+struct Cooperative {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct Pingpong {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+};
+
+using PersistentScheduler = cutlass::gemm::PersistentScheduler;
+using StreamKScheduler = cutlass::gemm::StreamKScheduler;
+
+// Sets the run-time modes of a CuTe stride (static modes such as _1 or _0 are left alone).
+template <class Stride>
+Stride make_stride3(int64_t s0, int64_t s1, int64_t s2) {
+  Stride s{};
+  if constexpr (!cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(s))>>) cute::get<0>(s) = s0;
+  if constexpr (!cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<1>(s))>>) cute::get<1>(s) = s1;
+  if constexpr (!cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<2>(s))>>) cute::get<2>(s) = s2;
+  return s;
+}
+
+template <class Element_, class LayoutA, class LayoutB, bool kAux, int TileM, int TileN, int TileK,
+          int ClusterM, int ClusterN, class Schedule, class Scheduler>
+struct GemmBundle {
+  using Element = Element_;  // A, B, D, bias and aux share one element type
+  using Accumulator = float;
+  static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
+  static constexpr bool kStreamK = cute::is_same_v<Scheduler, StreamKScheduler>;
+
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
+  using LayoutD = cutlass::layout::RowMajor;
+
+  using FusionOp = cute::conditional_t<
+      kAux,
+      cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
+                                                             Element, Element, Element>,
+      cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, Element, float, Element,
+                                                          Element>>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float,
+      void, LayoutD, kAlignment,  // no C operand: bias and activation only
+      Element, LayoutD, kAlignment, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlignment, Element,
+      LayoutB, kAlignment, Accumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Schedule::Kernel>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue, Scheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments make_arguments(GemmParams const& p) {
+    using StrideA = typename Kernel::StrideA;  // modes (M, K, L)
+    using StrideB = typename Kernel::StrideB;  // modes (N, K, L)
+    using StrideD = typename Kernel::StrideD;  // modes (M, N, L)
+    typename Gemm::Arguments args{};
+    args.mode = p.L > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {p.M, p.N, p.K, p.L};
+    args.mainloop.ptr_A = static_cast<Element const*>(p.A);
+    args.mainloop.dA = make_stride3<StrideA>(p.a_stride_m, p.a_stride_k, p.a_stride_l);
+    args.mainloop.ptr_B = static_cast<Element const*>(p.B);
+    args.mainloop.dB = make_stride3<StrideB>(p.b_stride_n, p.b_stride_k, p.b_stride_l);
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = make_stride3<typename Kernel::StrideC>(p.d_stride_m, 1, p.d_stride_l);
+    args.epilogue.ptr_D = static_cast<Element*>(p.D);
+    args.epilogue.dD = make_stride3<StrideD>(p.d_stride_m, 1, p.d_stride_l);
+    auto& fusion = args.epilogue.thread;
+    fusion.alpha = p.alpha;
+    fusion.beta = 0.f;
+    fusion.bias_ptr = static_cast<Element const*>(p.bias);
+    fusion.activation.kind = p.activation;
+    if constexpr (kAux) {
+      fusion.aux_ptr = static_cast<Element*>(p.aux);
+      fusion.dAux = make_stride3<decltype(fusion.dAux)>(p.aux_stride_m, 1, p.aux_stride_l);
+    }
+    args.hw_info.device_id = p.device;
+    args.hw_info.sm_count = p.sm_count;
+    if constexpr (kStreamK) {
+      args.scheduler.splits = p.splits;
+      args.scheduler.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;
+    }
+    return args;
+  }
+};
+
+}  // namespace cutlass_ext::sm90

@@ -1,0 +1,55 @@
+"""Activation names, their integer codes for the CUDA kernels, and their PyTorch references."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Order defines the integer code passed to the kernels; csrc/common/activation.h lists the same
+# names in the same order (a GPU test compares the two).
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
+
+# Activations whose backward needs the pre-activation z (saved as an auxiliary GEMM output).
+# relu's backward reads its output instead (y > 0 exactly where z > 0).
+NEEDS_PREACTIVATION = frozenset({"gelu", "gelu_tanh", "silu"})
+
+
+def resolve(relu: bool, activation: str | None, op: str) -> str:
+    """Maps the public (relu=..., activation=...) pair to one activation name."""
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(
+            f"cutlass_ext.{op}: activation must be one of None, "
+            + ", ".join(repr(a) for a in ACTIVATIONS[1:])
+            + f"; got {activation!r}"
+        )
+    if relu:
+        if activation not in (None, "relu"):
+            raise ValueError(f"cutlass_ext.{op}: relu=True conflicts with activation={activation!r}; pass only one")
+        return "relu"
+    return activation or "none"
+
+
+def apply(z: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "gelu":
+        return F.gelu(z)
+    if activation == "gelu_tanh":
+        return F.gelu(z, approximate="tanh")
+    if activation == "silu":
+        return F.silu(z)
+    return z
+
+
+def backward(grad: torch.Tensor, saved: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """dL/dz from dL/dy; ``saved`` is y for relu and z for the others (as the kernels use it)."""
+    if activation == "none":
+        return grad
+    if activation == "relu":
+        return torch.ops.aten.threshold_backward(grad, saved, 0)
+    if activation == "gelu":
+        return torch.ops.aten.gelu_backward(grad, saved, approximate="none")
+    if activation == "gelu_tanh":
+        return torch.ops.aten.gelu_backward(grad, saved, approximate="tanh")
+    return torch.ops.aten.silu_backward(grad, saved)

@@ -1,0 +1,340 @@
+"""GEMM op family: fused linear (bias + activation epilogue), plain matmul, and the fused
+activation-backward/bias-gradient op their backward passes use.
+
+Schemas, fake kernels, autograd and the CPU reference live here; the CUDA kernels come from the
+compiled extension, loaded on first CUDA use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _activation
+from ._runtime import compute_dtype, exact_fp32, extension, gemm_config
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+torch.library.define(
+    "cutlass_ext::linear",
+    "(Tensor a, Tensor b, Tensor? bias, str activation, bool save_preact) -> (Tensor, Tensor)",
+)
+torch.library.define("cutlass_ext::matmul", "(Tensor a, Tensor b) -> Tensor")
+torch.library.define(
+    "cutlass_ext::_act_grad",
+    "(Tensor grad, Tensor? saved, str activation, bool need_grad_input, bool need_grad_bias) -> (Tensor, Tensor)",
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# Argument checks (shared by the public functions; messages name the argument and the fix)
+
+
+def _check_tensor(x, name: str, op: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"cutlass_ext.{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_pair(ref: torch.Tensor, ref_name: str, x: torch.Tensor, name: str, op: str) -> None:
+    if x.dtype != ref.dtype:
+        raise TypeError(
+            f"cutlass_ext.{op}: {name} has dtype {x.dtype} but {ref_name} has {ref.dtype}; "
+            f"cast it with {name}.to({ref_name}.dtype)"
+        )
+    if x.device != ref.device:
+        raise ValueError(
+            f"cutlass_ext.{op}: {name} is on {x.device} but {ref_name} is on {ref.device}; "
+            f"move it with {name}.to({ref_name}.device)"
+        )
+
+
+def _check_dtype(x: torch.Tensor, name: str, op: str) -> None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"cutlass_ext.{op}: {name} has dtype {x.dtype}; supported are float16, bfloat16 and float32 "
+            f"(cast with {name}.to(torch.bfloat16), for example)"
+        )
+
+
+def check_linear_args(A, B, bias, op: str = "linear") -> None:
+    _check_tensor(A, "A", op)
+    _check_tensor(B, "B", op)
+    _check_dtype(A, "A", op)
+    _check_pair(A, "A", B, "B", op)
+    if A.dim() < 1:
+        raise ValueError(f"cutlass_ext.{op}: A must have at least 1 dimension [..., K], got a 0-d tensor")
+    if B.dim() != 2:
+        raise ValueError(
+            f"cutlass_ext.{op}: B must be 2-D [K, N], got shape {tuple(B.shape)}; "
+            "for an nn.Linear weight of shape [N, K] pass weight.t()"
+        )
+    if A.shape[-1] != B.shape[0]:
+        raise ValueError(
+            f"cutlass_ext.{op}: A's last dimension is K={A.shape[-1]} but B has {B.shape[0]} rows; "
+            "B must be [K, N] (for an nn.Linear weight of shape [N, K] pass weight.t())"
+        )
+    if bias is not None:
+        _check_tensor(bias, "bias", op)
+        _check_pair(A, "A", bias, "bias", op)
+        if bias.dim() != 1 or bias.shape[0] != B.shape[1]:
+            raise ValueError(
+                f"cutlass_ext.{op}: bias must have shape [N] = [{B.shape[1]}] (B's columns), "
+                f"got {tuple(bias.shape)}"
+            )
+
+
+def check_matmul_args(A, B) -> None:
+    op = "matmul"
+    _check_tensor(A, "A", op)
+    _check_tensor(B, "B", op)
+    _check_dtype(A, "A", op)
+    _check_pair(A, "A", B, "B", op)
+    if A.dim() < 2 or B.dim() < 2:
+        raise ValueError(
+            f"cutlass_ext.{op}: A and B must have at least 2 dimensions ([..., M, K] and [..., K, N]), "
+            f"got shapes {tuple(A.shape)} and {tuple(B.shape)}; unsqueeze vectors first"
+        )
+    if A.shape[-1] != B.shape[-2]:
+        raise ValueError(
+            f"cutlass_ext.{op}: A is [..., M, K] with K={A.shape[-1]} but B is [..., K, N] with "
+            f"K={B.shape[-2]}"
+        )
+    try:
+        torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    except RuntimeError as exc:
+        raise ValueError(
+            f"cutlass_ext.{op}: batch dimensions {tuple(A.shape[:-2])} of A and {tuple(B.shape[:-2])} "
+            "of B do not broadcast"
+        ) from exc
+
+
+# ------------------------------------------------------------------------------------------------
+# linear
+
+
+def _stores_preact(activation: str, save_preact: bool) -> bool:
+    return save_preact and activation in _activation.NEEDS_PREACTIVATION
+
+
+def _linear_reference(a, b, bias, activation, save_preact):
+    ct = compute_dtype(a.dtype)
+    z = torch.matmul(a.to(ct), b.to(ct))
+    if bias is not None:
+        z = z + bias.to(ct)
+    y = _activation.apply(z, activation).to(a.dtype).contiguous()
+    aux = z.to(a.dtype).contiguous() if _stores_preact(activation, save_preact) else a.new_empty(0)
+    return y, aux
+
+
+@torch.library.register_fake("cutlass_ext::linear")
+def _linear_fake(a, b, bias, activation, save_preact):
+    shape = (*a.shape[:-1], b.shape[1])
+    aux = a.new_empty(shape) if _stores_preact(activation, save_preact) else a.new_empty(0)
+    return a.new_empty(shape), aux
+
+
+@torch.library.impl("cutlass_ext::linear", "cpu")
+def _linear_cpu(a, b, bias, activation, save_preact):
+    return _linear_reference(a, b, bias, activation, save_preact)
+
+
+@torch.library.impl("cutlass_ext::linear", "cuda")
+def _linear_cuda(a, b, bias, activation, save_preact):
+    ext = extension()
+    if ext is None:
+        return _linear_reference(a, b, bias, activation, save_preact)
+    lead = a.shape[:-1]
+    k, n = b.shape
+    y, aux = ext.gemm(
+        a.reshape(math.prod(lead), k), b, bias, _activation.CODES[activation],
+        _stores_preact(activation, save_preact), exact_fp32(), gemm_config(),
+    )
+    y = y.view(*lead, n)
+    if _stores_preact(activation, save_preact):
+        aux = aux.view(*lead, n)
+    return y, aux
+
+
+def _linear_setup_context(ctx, inputs, output):
+    a, b, bias, activation, save_preact = inputs
+    y, aux = output
+    ctx.mark_non_differentiable(aux)
+    ctx.activation = activation
+    ctx.a_shape = a.shape
+    if activation == "relu":
+        saved = y
+    elif activation in _activation.NEEDS_PREACTIVATION:
+        saved = aux if save_preact else None
+    else:
+        saved = None
+    ctx.save_for_backward(a, b, saved)
+
+
+def _linear_backward(ctx, grad_y, grad_aux):
+    a, b, saved = ctx.saved_tensors
+    activation = ctx.activation
+    need_a, need_b, need_bias = ctx.needs_input_grad[:3]
+    k, n = b.shape
+    if activation in _activation.NEEDS_PREACTIVATION and saved is None:
+        raise RuntimeError(
+            f"cutlass_ext.linear: the backward of activation {activation!r} needs the pre-activation; "
+            "call the op with save_preact=True (cutlass_ext.linear does this when grads are enabled)"
+        )
+    grad2 = grad_y.reshape(-1, n)
+    grad_z, grad_bias = grad2, None
+    if activation != "none" or need_bias:
+        saved2 = saved.reshape(-1, n) if saved is not None else None
+        dz, db = torch.ops.cutlass_ext._act_grad(grad2, saved2, activation, need_a or need_b, need_bias)
+        if activation != "none":
+            grad_z = dz
+        grad_bias = db if need_bias else None
+    grad_a = grad_b = None
+    if need_a:
+        grad_a = torch.ops.cutlass_ext.matmul(grad_z, b.t()).view(ctx.a_shape)
+    if need_b:
+        a2 = a.reshape(-1, k)
+        if b.stride(0) == 1 and b.stride(1) != 1:
+            # B is the transpose of a row-major [N, K] weight: produce dB in that layout.
+            grad_b = torch.ops.cutlass_ext.matmul(grad_z.t(), a2).t()
+        else:
+            grad_b = torch.ops.cutlass_ext.matmul(a2.t(), grad_z)
+    return grad_a, grad_b, grad_bias, None, None
+
+
+torch.library.register_autograd("cutlass_ext::linear", _linear_backward, setup_context=_linear_setup_context)
+
+
+def linear(A, B, bias=None, relu=False, *, activation=None):
+    """``act(A @ B + bias)`` in one GEMM with a fused epilogue.
+
+    A: ``[..., K]``; B: ``[K, N]`` with any strides (a row-major ``[K, N]`` tensor or ``w.t()`` of an
+    ``[N, K]`` weight, neither copied); bias: ``[N]`` or None. dtypes float16/bfloat16 (tensor cores,
+    fp32 accumulation) or float32 (TF32 unless ``torch.get_float32_matmul_precision() ==
+    "highest"``). ``activation`` is None, "relu", "gelu", "gelu_tanh" or "silu"; ``relu=True`` is
+    shorthand for "relu". Returns ``[..., N]`` in A's dtype. Differentiable in A, B and bias.
+    """
+    act = _activation.resolve(relu, activation, "linear")
+    check_linear_args(A, B, bias)
+    save_preact = (
+        act in _activation.NEEDS_PREACTIVATION
+        and torch.is_grad_enabled()
+        and (A.requires_grad or B.requires_grad or (bias is not None and bias.requires_grad))
+    )
+    y, _ = torch.ops.cutlass_ext.linear(A, B, bias, act, save_preact)
+    return y
+
+
+# ------------------------------------------------------------------------------------------------
+# matmul
+
+
+def _matmul_reference(a, b):
+    ct = compute_dtype(a.dtype)
+    return torch.matmul(a.to(ct), b.to(ct)).to(a.dtype).contiguous()
+
+
+@torch.library.register_fake("cutlass_ext::matmul")
+def _matmul_fake(a, b):
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
+
+
+@torch.library.impl("cutlass_ext::matmul", "cpu")
+def _matmul_cpu(a, b):
+    return _matmul_reference(a, b)
+
+
+@torch.library.impl("cutlass_ext::matmul", "cuda")
+def _matmul_cuda(a, b):
+    ext = extension()
+    if ext is None:
+        return _matmul_reference(a, b)
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    code = _activation.CODES["none"]
+    if b.dim() == 2:
+        # [..., M, K] @ [K, N]: fold the batch into M.
+        lead = a.shape[:-1]
+        y, _ = ext.gemm(a.reshape(math.prod(lead), k), b, None, code, False, exact_fp32(), gemm_config())
+        return y.view(*lead, n)
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    count = math.prod(batch)
+    a3 = a.expand(*batch, m, k).reshape(count, m, k)
+    b3 = b.expand(*batch, k, n).reshape(count, k, n)
+    y, _ = ext.gemm(a3, b3, None, code, False, exact_fp32(), gemm_config())
+    return y.view(*batch, m, n)
+
+
+def _matmul_setup_context(ctx, inputs, output):
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _matmul_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    mm = torch.ops.cutlass_ext.matmul
+    grad_a = grad_b = None
+    if need_a:
+        grad_a = mm(grad, b.transpose(-1, -2)).sum_to_size(a.shape)
+    if need_b:
+        if b.dim() == 2:
+            k, n = b.shape
+            grad_b = mm(a.reshape(-1, k).t(), grad.reshape(-1, n))
+        else:
+            grad_b = mm(a.transpose(-1, -2), grad).sum_to_size(b.shape)
+    return grad_a, grad_b
+
+
+torch.library.register_autograd("cutlass_ext::matmul", _matmul_backward, setup_context=_matmul_setup_context)
+
+
+def matmul(A, B):
+    """``A @ B`` on tensor cores with the same dtype policy as :func:`linear`.
+
+    A: ``[..., M, K]``; B: ``[K, N]`` or ``[..., K, N]`` with batch dimensions that broadcast.
+    Any strides. Returns ``[..., M, N]`` in A's dtype. Differentiable in A and B.
+    """
+    check_matmul_args(A, B)
+    return torch.ops.cutlass_ext.matmul(A, B)
+
+
+# ------------------------------------------------------------------------------------------------
+# _act_grad: dZ = dY * act'(saved) and dbias = sum over rows of dZ, in one pass.
+# grad and saved are [M, N]. grad_input is returned only for activations other than "none"
+# (for "none" it would equal grad, and an op output may not alias its input).
+
+
+def _act_grad_shapes(grad, activation, need_grad_input, need_grad_bias):
+    dz_shape = grad.shape if need_grad_input and activation != "none" else (0,)
+    db_shape = (grad.shape[1],) if need_grad_bias else (0,)
+    return dz_shape, db_shape
+
+
+def _act_grad_reference(grad, saved, activation, need_grad_input, need_grad_bias):
+    dz_shape, db_shape = _act_grad_shapes(grad, activation, need_grad_input, need_grad_bias)
+    ct = compute_dtype(grad.dtype)
+    dz = _activation.backward(grad.to(ct), saved.to(ct) if saved is not None else None, activation)
+    grad_input = dz.to(grad.dtype).contiguous() if dz_shape != (0,) else grad.new_empty(0)
+    grad_bias = dz.sum(0).to(grad.dtype) if db_shape != (0,) else grad.new_empty(0)
+    return grad_input, grad_bias
+
+
+@torch.library.register_fake("cutlass_ext::_act_grad")
+def _act_grad_fake(grad, saved, activation, need_grad_input, need_grad_bias):
+    dz_shape, db_shape = _act_grad_shapes(grad, activation, need_grad_input, need_grad_bias)
+    return grad.new_empty(dz_shape), grad.new_empty(db_shape)
+
+
+@torch.library.impl("cutlass_ext::_act_grad", "cpu")
+def _act_grad_cpu(grad, saved, activation, need_grad_input, need_grad_bias):
+    return _act_grad_reference(grad, saved, activation, need_grad_input, need_grad_bias)
+
+
+@torch.library.impl("cutlass_ext::_act_grad", "cuda")
+def _act_grad_cuda(grad, saved, activation, need_grad_input, need_grad_bias):
+    ext = extension()
+    if ext is None:
+        return _act_grad_reference(grad, saved, activation, need_grad_input, need_grad_bias)
+    return ext.act_grad(grad, saved, _activation.CODES[activation], need_grad_input, need_grad_bias)

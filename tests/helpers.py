@@ -1,0 +1,41 @@
+"""Comparison helpers: error relative to a float64 reference, bounded by torch's own error."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+# Floors for the relative error (||out - ref|| / ||ref||) by dtype name. The bound used is
+# max(FACTOR * torch's own error in the same dtype, floor).
+FLOOR = {"fp16": 2e-3, "bf16": 1.6e-2, "fp32": 1e-5, "tf32": 4e-3}
+FACTOR = 2.0
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.double(), ref.double()
+    denom = ref64.norm().item()
+    diff = (out64 - ref64).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def assert_close_to_reference(out, ref64, peer, dtype_name: str, what: str = "output") -> None:
+    """``out`` (ours) and ``peer`` (torch's own computation in the same dtype) against ``ref64``."""
+    assert out.shape == ref64.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten output?)"
+    err = rel_error(out, ref64)
+    peer_err = rel_error(peer, ref64) if peer is not None else 0.0
+    bound = max(FACTOR * peer_err, FLOOR[dtype_name])
+    assert err <= bound, f"{what}: relative error {err:.3e} > bound {bound:.3e} (torch's own: {peer_err:.3e})"
+
+
+@contextlib.contextmanager
+def fp32_precision(dtype_name: str):
+    """tf32 runs fp32 GEMMs on TF32 tensor cores; fp32 asks for exact fp32."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if dtype_name == "tf32" else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)

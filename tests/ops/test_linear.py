@@ -1,0 +1,475 @@
+"""cutlass_ext.linear / matmul / _act_grad against float64 references, on CPU (reference kernels)
+and CUDA (CUTLASS kernels)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import cutlass_ext
+from cutlass_ext import _kernel_table
+from cutlass_ext.ops import _activation
+
+from ..conftest import HAS_CUDA, requires_cuda
+from ..helpers import DTYPES, assert_close_to_reference, fp32_precision
+
+DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
+ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
+
+
+def act_ref(z: torch.Tensor, act: str) -> torch.Tensor:
+    return _activation.apply(z, act)
+
+
+def ref_linear(A, B, bias, act):
+    z = A.double() @ B.double()
+    if bias is not None:
+        z = z + bias.double()
+    return act_ref(z, act)
+
+
+def peer_linear(A, B, bias, act):
+    """torch's own result in the same dtype: act(F.linear(...)) (cuBLAS / CPU BLAS)."""
+    return act_ref(F.linear(A, B.t(), bias), act)
+
+
+def rand(*shape, device, dtype, scale=1.0):
+    return torch.randn(*shape, device=device, dtype=torch.float32).mul_(scale).to(dtype)
+
+
+def make_b(k, n, layout, device, dtype):
+    """B [K, N]: row-major ('kn') or the transpose of a row-major [N, K] weight ('weight_t')."""
+    scale = 1 / math.sqrt(max(k, 1))
+    if layout == "kn":
+        return rand(k, n, device=device, dtype=dtype, scale=scale)
+    return rand(n, k, device=device, dtype=dtype, scale=scale).t()
+
+
+# name -> builder of A given (device, dtype); each returns A with the described layout.
+def _a_plain(lead, k):
+    return lambda d, t: rand(*lead, k, device=d, dtype=t)
+
+
+A_CASES = {
+    "square": (_a_plain((128,), 256), 256),
+    "tall": (_a_plain((512,), 64), 128),
+    "one": (_a_plain((1,), 1), 1),
+    "odd": (_a_plain((7,), 13), 5),
+    "unaligned_k": (_a_plain((129,), 139), 264),
+    "unaligned_n": (_a_plain((64,), 128), 250),
+    "vector": (_a_plain((), 40), 24),
+    "m_zero": (_a_plain((0,), 64), 32),
+    "k_zero": (_a_plain((16,), 0), 24),
+    "batched": (_a_plain((3, 17), 96), 40),
+    "wide": (_a_plain((40,), 1024), 2048),
+    # A is a column slice of a wider tensor: row stride 200 > K.
+    "noncontig": (lambda d, t: rand(96, 200, device=d, dtype=t)[:, 8:136], 72),
+    # A starts one element into its storage: a base address no 16-byte load can use.
+    "offset": (lambda d, t: rand(96 * 64 + 1, device=d, dtype=t)[1:].view(96, 64), 48),
+    # A is M-major (the transpose of a row-major [K, M] tensor).
+    "transposed": (lambda d, t: rand(64, 136, device=d, dtype=t).t(), 56),
+    # Batch dims that cannot be flattened without a copy.
+    "permuted": (lambda d, t: rand(5, 6, 32, device=d, dtype=t).transpose(0, 1), 16),
+}
+
+
+def _setup(dtype_name, device):
+    if device == "cpu" and dtype_name == "tf32":
+        pytest.skip("tf32 is a CUDA mode")
+    return DTYPES[dtype_name]
+
+
+@pytest.mark.parametrize("b_layout", ["kn", "weight_t"])
+@pytest.mark.parametrize("case", list(A_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_forward_shapes(device, dtype_name, case, b_layout):
+    dtype = _setup(dtype_name, device)
+    make_a, n = A_CASES[case]
+    A = make_a(device, dtype)
+    k = A.shape[-1]
+    B = make_b(k, n, b_layout, device, dtype)
+    bias = rand(n, device=device, dtype=dtype)
+    with fp32_precision(dtype_name):
+        out = cutlass_ext.linear(A, B, bias, activation="gelu")
+        peer = peer_linear(A, B, bias, "gelu")
+    assert out.dtype == dtype and out.is_contiguous()
+    assert_close_to_reference(out, ref_linear(A, B, bias, "gelu"), peer, dtype_name)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_forward_activations(device, dtype_name, act, with_bias):
+    dtype = _setup(dtype_name, device)
+    A = rand(200, 96, device=device, dtype=dtype)
+    B = make_b(96, 136, "weight_t", device, dtype)
+    bias = rand(136, device=device, dtype=dtype) if with_bias else None
+    with fp32_precision(dtype_name):
+        out = cutlass_ext.linear(A, B, bias, activation=act)
+        peer = peer_linear(A, B, bias, act)
+    assert_close_to_reference(out, ref_linear(A, B, bias, act), peer, dtype_name)
+
+
+def test_relu_shorthand(device):
+    A = rand(16, 32, device=device, dtype=torch.float32)
+    B = make_b(32, 8, "kn", device, torch.float32)
+    with fp32_precision("fp32"):
+        assert torch.equal(cutlass_ext.linear(A, B, relu=True), cutlass_ext.linear(A, B, activation="relu"))
+
+
+def test_nan_propagates(device):
+    A = rand(32, 64, device=device, dtype=torch.bfloat16)
+    A[3, 5] = float("nan")
+    B = make_b(64, 40, "kn", device, torch.bfloat16)
+    out = cutlass_ext.linear(A, B, activation="relu")
+    assert torch.isnan(out[3]).all() and torch.isfinite(out[:3]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward
+
+
+def grads_of(fn, inputs, grad_out):
+    inputs = [x.detach().requires_grad_(True) if x is not None else None for x in inputs]
+    out = fn(*inputs)
+    out.backward(grad_out)
+    return out, [x.grad if x is not None else None for x in inputs]
+
+
+@pytest.mark.parametrize("b_layout", ["kn", "weight_t"])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_backward(device, dtype_name, act, b_layout):
+    dtype = _setup(dtype_name, device)
+    A = rand(3, 50, 72, device=device, dtype=dtype)
+    B = make_b(72, 104, b_layout, device, dtype)
+    if b_layout == "weight_t":
+        B = B.t().detach().clone().t()  # a leaf that keeps the transposed layout
+    bias = rand(104, device=device, dtype=dtype)
+    grad_out = rand(3, 50, 104, device=device, dtype=dtype)
+    with fp32_precision(dtype_name):
+        _, ours = grads_of(lambda a, b, c: cutlass_ext.linear(a, b, c, activation=act), [A, B, bias], grad_out)
+        _, peer = grads_of(lambda a, b, c: peer_linear(a, b, c, act), [A, B, bias], grad_out)
+    _, ref = grads_of(lambda a, b, c: ref_linear(a, b, c, act), [A.double(), B.double(), bias.double()],
+                      grad_out.double())
+    for name, o, p, r in zip(("dA", "dB", "dbias"), ours, peer, ref):
+        assert o.dtype == dtype
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+    assert ours[1].stride() == B.stride(), "dB should come back in B's layout"
+
+
+class OpRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("needs", ["a", "b", "bias", "a+bias"])
+@pytest.mark.parametrize("act", ["none", "gelu"])
+def test_backward_computes_only_needed_grads(device, act, needs):
+    A = rand(40, 24, device=device, dtype=torch.bfloat16).requires_grad_("a" in needs.split("+"))
+    B = make_b(24, 16, "weight_t", device, torch.bfloat16).detach().requires_grad_("b" in needs.split("+"))
+    bias = rand(16, device=device, dtype=torch.bfloat16).requires_grad_("bias" in needs.split("+"))
+    out = cutlass_ext.linear(A, B, bias, activation=act)
+    with OpRecorder() as rec:
+        out.backward(torch.ones_like(out))
+    gemms = sum(op.endswith("cutlass_ext.matmul") for op in rec.ops)
+    expected = {"a": 1, "b": 1, "bias": 0, "a+bias": 1}[needs]
+    assert gemms == expected, rec.ops
+    assert (A.grad is not None) == A.requires_grad and (B.grad is not None) == B.requires_grad
+    assert (bias.grad is not None) == bias.requires_grad
+    # No separate activation-backward or bias-sum passes: one fused op does both.
+    assert sum(op.endswith("cutlass_ext._act_grad") for op in rec.ops) <= 1
+    assert not any(op.startswith("aten.sum") or "gelu_backward" in op for op in rec.ops), rec.ops
+
+
+def test_backward_without_saved_preactivation_fails_clearly(device):
+    A = rand(8, 16, device=device, dtype=torch.float32, scale=1).requires_grad_()
+    B = make_b(16, 8, "kn", device, torch.float32)
+    y, _ = torch.ops.cutlass_ext.linear(A, B, None, "gelu", False)
+    with pytest.raises(RuntimeError, match="save_preact=True"):
+        y.sum().backward()
+
+
+# ------------------------------------------------------------------------------------------------
+# matmul
+
+MATMUL_CASES = {
+    "2d": ((64, 48), (48, 80)),
+    "odd": ((7, 13), (13, 5)),
+    "batched": ((4, 33, 64), (4, 64, 24)),
+    "fold": ((2, 3, 16, 40), (40, 72)),
+    "broadcast": ((2, 1, 16, 40), (3, 40, 8)),
+}
+
+
+@pytest.mark.parametrize("case", list(MATMUL_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_matmul(device, dtype_name, case):
+    dtype = _setup(dtype_name, device)
+    a_shape, b_shape = MATMUL_CASES[case]
+    A = rand(*a_shape, device=device, dtype=dtype)
+    B = rand(*b_shape, device=device, dtype=dtype, scale=1 / math.sqrt(a_shape[-1]))
+    grad_out = rand(*torch.broadcast_shapes(a_shape[:-2], b_shape[:-2]), a_shape[-2], b_shape[-1],
+                    device=device, dtype=dtype)
+    with fp32_precision(dtype_name):
+        out, ours = grads_of(cutlass_ext.matmul, [A, B], grad_out)
+        peer_out, peer = grads_of(torch.matmul, [A, B], grad_out)
+    ref_out, ref = grads_of(torch.matmul, [A.double(), B.double()], grad_out.double())
+    assert_close_to_reference(out, ref_out, peer_out, dtype_name)
+    for name, o, p, r in zip(("dA", "dB"), ours, peer, ref):
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+
+
+# ------------------------------------------------------------------------------------------------
+# _act_grad (the fused activation-backward + bias-gradient op)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 5), (33, 64), (2048, 520), (257, 4097), (5000, 24)])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16", "fp32"])
+def test_act_grad(device, dtype_name, act, shape):
+    dtype = DTYPES[dtype_name]
+    rows, cols = shape
+    grad = rand(rows, cols + 3, device=device, dtype=dtype)[:, 3:]  # non-contiguous rows
+    z = rand(rows, cols, device=device, dtype=dtype, scale=2)
+    saved = torch.relu(z) if act == "relu" else z
+    dz, db = torch.ops.cutlass_ext._act_grad(grad, saved if act != "none" else None, act, True, True)
+    ref_dz = _activation.backward(grad.double(), saved.double(), act)
+    if act == "none":
+        assert dz.numel() == 0
+    else:
+        assert_close_to_reference(dz, ref_dz, _activation.backward(grad, saved, act), dtype_name, what="dz")
+    peer_db = ref_dz.to(dtype).float().sum(0).to(dtype)
+    assert_close_to_reference(db, ref_dz.sum(0), peer_db, dtype_name, what="dbias")
+
+
+def test_act_grad_is_deterministic(device):
+    grad = rand(8192, 256, device=device, dtype=torch.bfloat16)
+    z = rand(8192, 256, device=device, dtype=torch.bfloat16)
+    first = torch.ops.cutlass_ext._act_grad(grad, z, "gelu", True, True)
+    second = torch.ops.cutlass_ext._act_grad(grad, z, "gelu", True, True)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library.opcheck, torch.compile, CUDA graphs, streams
+
+
+def _opcheck_inputs(device):
+    A = rand(2, 24, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    B = make_b(40, 32, "weight_t", device, torch.bfloat16).detach().requires_grad_()
+    bias = rand(32, device=device, dtype=torch.bfloat16).requires_grad_()
+    return A, B, bias
+
+
+@pytest.mark.parametrize("act,save", [("none", False), ("relu", False), ("gelu", True), ("silu", True)])
+def test_opcheck_linear(device, act, save):
+    A, B, bias = _opcheck_inputs(device)
+    torch.library.opcheck(torch.ops.cutlass_ext.linear.default, (A, B, bias, act, save))
+    torch.library.opcheck(torch.ops.cutlass_ext.linear.default, (A, B, None, act, save))
+
+
+def test_opcheck_matmul(device):
+    A, B, _ = _opcheck_inputs(device)
+    torch.library.opcheck(torch.ops.cutlass_ext.matmul.default, (A, B))
+    torch.library.opcheck(torch.ops.cutlass_ext.matmul.default, (A, B.t().unsqueeze(0).expand(2, 32, 40).mT))
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_opcheck_act_grad(device, act):
+    grad = rand(64, 48, device=device, dtype=torch.float16)
+    saved = rand(64, 48, device=device, dtype=torch.float16)
+    for need_input, need_bias in [(True, True), (True, False), (False, True)]:
+        torch.library.opcheck(torch.ops.cutlass_ext._act_grad.default, (grad, saved, act, need_input, need_bias))
+
+
+def _compile_backend(device):
+    return "inductor" if device == "cuda" else "aot_eager"
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_compile_fullgraph(device, act):
+    torch._dynamo.reset()
+    A, B, bias = _opcheck_inputs(device)
+
+    def step(a, w, b):
+        h = cutlass_ext.linear(a, w.t(), b, activation=act)
+        return cutlass_ext.matmul(h, w).float().square().mean()
+
+    compiled = torch.compile(step, fullgraph=True, backend=_compile_backend(device))
+    W = B.t().detach().requires_grad_()
+    loss = compiled(A, W, bias)
+    loss.backward()
+    grads = [x.grad.clone() for x in (A, W, bias)]
+    for x in (A, W, bias):
+        x.grad = None
+    eager_loss = step(A, W, bias)
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-2, atol=1e-3)
+    for g, x in zip(grads, (A, W, bias)):
+        torch.testing.assert_close(g, x.grad, rtol=2e-2, atol=2e-2)
+
+
+@requires_cuda
+def test_cuda_graph_capture_forward():
+    A = rand(256, 128, device="cuda", dtype=torch.bfloat16)
+    W = rand(192, 128, device="cuda", dtype=torch.bfloat16)
+    bias = rand(192, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cutlass_ext.linear(A, W.t(), bias, activation="gelu")  # warm-up (builds, allocates)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cutlass_ext.linear(A, W.t(), bias, activation="gelu")
+    for _ in range(2):
+        A.copy_(torch.randn_like(A))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, cutlass_ext.linear(A, W.t(), bias, activation="gelu"), rtol=0, atol=0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_cuda_graph_training_step(act):
+    layer = cutlass_ext.FusedLinear(128, 64, activation=act, device="cuda", dtype=torch.bfloat16)
+    x = rand(512, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    graphed = torch.cuda.make_graphed_callables(layer, (x,))
+    x2 = rand(512, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    out = graphed(x2)
+    out.float().square().sum().backward()
+    g_graph = (x2.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone())
+    x2.grad = None
+    layer.zero_grad(set_to_none=True)
+    layer(x2).float().square().sum().backward()
+    for a, b in zip(g_graph, (x2.grad, layer.weight.grad, layer.bias.grad)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@requires_cuda
+def test_runs_on_current_stream():
+    side = torch.cuda.Stream()
+    A = rand(1024, 512, device="cuda", dtype=torch.float16)
+    W = rand(768, 512, device="cuda", dtype=torch.float16)
+    expected = cutlass_ext.linear(A, W.t(), activation="silu")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        A2 = A * 1  # produced on the side stream, consumed by the next launch on it
+        out = cutlass_ext.linear(A2, W.t(), activation="silu")
+    side.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Every built kernel, forced by name through the config override
+
+
+def _kernel_inputs(kernel, device):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "f32": torch.float32}[kernel.dtype]
+    m, k, n = 304, 264, 392  # several tiles in M and N; every extent a multiple of 8 (no copies)
+    A = rand(m, k, device=device, dtype=dtype) if kernel.a_major == "k" else rand(k, m, device=device, dtype=dtype).t()
+    B = make_b(k, n, "kn" if kernel.b_major == "n" else "weight_t", device, dtype)
+    return A, B, rand(n, device=device, dtype=dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", [k.name for k in _kernel_table.all_kernels()])
+def test_every_kernel(name, monkeypatch):
+    kernel = {k.name: k for k in _kernel_table.all_kernels()}[name]
+    ext = cutlass_ext.build()
+    built = dict(ext.kernels())
+    if name not in built:
+        pytest.skip(f"{name} is not in this (selective) build")
+    A, B, bias = _kernel_inputs(kernel, "cuda")
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", kernel.config.name)
+    dtype_name = {"f32": "fp32"}.get(kernel.dtype, kernel.dtype)
+    with fp32_precision(dtype_name):
+        if kernel.aux:
+            y, aux = torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True)
+            assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"),
+                                      dtype_name, what="aux")
+        else:
+            y, _ = torch.ops.cutlass_ext.linear(A, B, bias, "gelu", False)
+        peer = peer_linear(A, B, bias, "gelu")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), peer, dtype_name)
+
+
+@requires_cuda
+def test_activation_codes_match_kernels():
+    assert tuple(cutlass_ext.build().activation_names()) == _activation.ACTIVATIONS
+
+
+@requires_cuda
+def test_unknown_config_is_rejected(monkeypatch):
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", "no_such_config")
+    A = rand(64, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no_such_config"):
+        cutlass_ext.linear(A, A)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: every error names the argument
+
+
+def _good(device="cpu"):
+    return rand(8, 16, device=device, dtype=torch.float16), rand(16, 4, device=device, dtype=torch.float16)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,pattern",
+    [
+        (lambda A, B: (A.double(), B.double(), None, {}), TypeError, "A has dtype torch.float64"),
+        (lambda A, B: (A, B.float(), None, {}), TypeError, "B has dtype torch.float32 but A"),
+        (lambda A, B: (A, B, torch.zeros(4, dtype=torch.bfloat16), {}), TypeError, "bias has dtype"),
+        (lambda A, B: (A, B.to("meta"), None, {}), ValueError, "B is on meta but A is on cpu"),
+        (lambda A, B: (A, B[:8], None, {}), ValueError, "B has 8 rows"),
+        (lambda A, B: (A, B.t(), None, {}), ValueError, "last dimension is K=16"),
+        (lambda A, B: (A, B[:, 0], None, {}), ValueError, "B must be 2-D"),
+        (lambda A, B: (A.sum(), B, None, {}), ValueError, "A must have at least 1 dimension"),
+        (lambda A, B: (A, B, torch.zeros(5, dtype=torch.float16), {}), ValueError, r"bias must have shape \[N\]"),
+        (lambda A, B: (A, B, None, {"activation": "tanh"}), ValueError, "activation must be one of"),
+        (lambda A, B: (A, B, None, {"relu": True, "activation": "gelu"}), ValueError, "relu=True conflicts"),
+        (lambda A, B: (A.numpy(), B, None, {}), TypeError, "A must be a torch.Tensor"),
+    ],
+)
+def test_linear_rejects_bad_input(mutate, exc, pattern):
+    A, B = _good()
+    a, b, bias, kwargs = mutate(A, B)
+    with pytest.raises(exc, match=pattern):
+        cutlass_ext.linear(a, b, bias, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape,pattern",
+    [((8,), (8, 4), "at least 2 dimensions"), ((8, 16), (8, 4), "K=16"), ((2, 8, 16), (3, 16, 4), "do not broadcast")],
+)
+def test_matmul_rejects_bad_input(a_shape, b_shape, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        cutlass_ext.matmul(torch.randn(a_shape), torch.randn(b_shape))
+
+
+@requires_cuda
+def test_device_mix_with_cuda_is_rejected():
+    A, B = _good()
+    with pytest.raises(ValueError, match="B is on cuda:0 but A is on cpu"):
+        cutlass_ext.linear(A, B.cuda())
+
+
+def test_cpu_runs_without_extension():
+    # The CPU path never loads (or builds) the CUDA extension.
+    from cutlass_ext import _build
+
+    A, B = _good()
+    cutlass_ext.linear(A, B, relu=True)
+    if not HAS_CUDA:
+        assert _build._module is None

@@ -1,0 +1,192 @@
+"""The build system's logic: locating CUTLASS and nvcc, arch flags, cache keys, the generated build
+tree and selective builds. The last test compiles a small selective build for real where nvcc and
+CUTLASS are installed (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cutlass_ext import _build, _kernel_table
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in ("CUTLASS_PATH", "CUDA_HOME", "CUDA_PATH", "CUTLASS_EXT_ARCH", "CUTLASS_EXT_CACHE_DIR", "MAX_JOBS",
+                "CUTLASS_EXT_KERNELS", "CUTLASS_EXT_DEBUG", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def fake_cutlass(root: Path) -> Path:
+    (root / "include" / "cutlass").mkdir(parents=True)
+    (root / "include" / "cutlass" / "cutlass.h").write_text("// fake\n")
+    return root
+
+
+def test_cutlass_path_comes_first(clean_env, tmp_path):
+    fake_cutlass(tmp_path / "mine")
+    clean_env.setenv("CUTLASS_PATH", str(tmp_path / "mine"))
+    found = _build.find_cutlass()
+    assert found.origin == "CUTLASS_PATH"
+    assert found.include_dirs[0] == str(tmp_path / "mine" / "include")
+
+
+def test_bad_cutlass_path_says_what_to_do(clean_env, tmp_path):
+    clean_env.setenv("CUTLASS_PATH", str(tmp_path))
+    with pytest.raises(_build.BuildError, match="CUTLASS_PATH=.*no include/cutlass/cutlass.h"):
+        _build.find_cutlass()
+
+
+def test_third_party_checkout_before_wheel(clean_env, tmp_path):
+    fake_cutlass(tmp_path / "third_party" / "cutlass")
+    clean_env.setattr(_build, "REPO_DIR", tmp_path)
+    assert _build.find_cutlass().origin == "third_party/cutlass"
+
+
+def test_wheel_is_the_fallback(clean_env, tmp_path):
+    clean_env.setattr(_build, "REPO_DIR", tmp_path)
+    found = _build.find_cutlass()
+    assert found.origin == "nvidia-cutlass wheel"
+    assert Path(found.include_dirs[0], "cutlass", "cutlass.h").is_file()
+
+
+def test_missing_cutlass_names_the_fix(clean_env, tmp_path):
+    clean_env.setattr(_build, "REPO_DIR", tmp_path)
+    clean_env.setattr(_build.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(_build.BuildError, match="pip install nvidia-cutlass==4.2.0.0"):
+        _build.find_cutlass()
+
+
+def test_missing_nvcc_names_the_fix(clean_env):
+    clean_env.setattr(_build, "_is_toolkit", lambda root: False)
+    with pytest.raises(_build.BuildError, match="nvcc not found: install the CUDA toolkit"):
+        _build.find_cuda_home()
+
+
+def test_bad_cuda_home(clean_env, tmp_path):
+    clean_env.setenv("CUDA_HOME", str(tmp_path))
+    with pytest.raises(_build.BuildError, match="CUDA_HOME=.*no bin/nvcc"):
+        _build.find_cuda_home()
+
+
+@pytest.mark.parametrize("spec,expected", [("90a", ("90a",)), ("sm_90a", ("90a",)), ("9.0a", ("90a",)),
+                                           ("90", ("90a",)), ("90a;90a", ("90a",))])
+def test_parse_archs(spec, expected):
+    assert _build.parse_archs(spec) == expected
+
+
+@pytest.mark.parametrize("spec,pattern", [("80", "not supported"), ("hopper", "not an arch"), (";", "names no arch")])
+def test_parse_archs_rejects(spec, pattern):
+    with pytest.raises(_build.BuildError, match=pattern):
+        _build.parse_archs(spec)
+
+
+def test_unsupported_gpu_is_explained():
+    with pytest.raises(_build.BuildError, match="sm_80.*Hopper"):
+        _build.arch_of_capability(8, 0)
+    assert _build.arch_of_capability(9, 0) == "90a"
+
+
+def test_arch_env_overrides_device(clean_env):
+    clean_env.setenv("CUTLASS_EXT_ARCH", "sm_90a")
+    assert _build.target_archs((8, 6)) == ("90a",)
+    assert _build.gencode_flags(("90a",)) == ["-gencode=arch=compute_90a,code=sm_90a"]
+
+
+def test_jobs_and_cache_dir(clean_env, tmp_path):
+    assert _build.default_jobs() >= 1
+    clean_env.setenv("MAX_JOBS", "3")
+    assert _build.default_jobs() == 3
+    clean_env.setenv("MAX_JOBS", "many")
+    with pytest.raises(_build.BuildError, match="MAX_JOBS"):
+        _build.default_jobs()
+    clean_env.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _build.cache_root() == tmp_path / "xdg" / "cutlass_ext"
+    clean_env.setenv("CUTLASS_EXT_CACHE_DIR", str(tmp_path / "cache"))
+    assert _build.cache_root() == tmp_path / "cache"
+
+
+def _config(**changes):
+    base = dict(
+        archs=("90a",), cuda_home=Path("/opt/cuda"), nvcc_version="13.0.88",
+        cutlass=_build.CutlassLocation(("/opt/cutlass/include",), "CUTLASS_PATH"),
+        kernels=tuple(_kernel_table.all_kernels()), kernel_filter="", debug=False, torch_version="2.11.0",
+        torch_include_dirs=("/opt/torch/include",), torch_library_dirs=("/opt/torch/lib",), cxx11_abi=True,
+        python_include="/opt/python/include",
+    )
+    base.update(changes)
+    return _build.BuildConfig(**base)
+
+
+def test_cache_key_tracks_what_changes_the_binary():
+    key = _config().key()
+    assert key == _config().key()
+    assert key != _config(debug=True).key()
+    assert key != _config(torch_version="2.12.0").key()
+    assert key != _config(nvcc_version="13.1.0").key()
+    assert key != _config(kernels=tuple(_kernel_table.select_kernels("bf16"))).key()
+    assert "-lineinfo" in _config(debug=True).nvcc_flags() and "-DNDEBUG" in _config(debug=True).nvcc_flags()
+
+
+def test_build_tree(tmp_path):
+    config = _config(kernels=tuple(_kernel_table.select_kernels("sm90_bf16_kk,simt_f32_kk")))
+    library = _build.write_build_tree(config, tmp_path)
+    assert library == tmp_path / _build.LIBRARY_FILE
+    ninja = (tmp_path / "build.ninja").read_text()
+    for kernel in config.kernels:
+        source = (tmp_path / "gen" / f"{kernel.name}.cu").read_text()
+        assert source.startswith(_kernel_table.BANNER)
+        assert f"build obj/{kernel.name}.o: nvcc {tmp_path / 'gen' / (kernel.name + '.cu')}" in ninja
+    assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(config.kernels) + 1  # + elementwise
+    assert "build obj/binding.o: cxx" in ninja and "build obj/gemm_registry.o: cxx" in ninja
+    assert "-D_GLIBCXX_USE_CXX11_ABI=1" in ninja and "-ltorch_python" in ninja
+    registry = (tmp_path / "gen" / "gemm_registry.cpp").read_text()
+    assert f"const int kNumGemmKernels = {len(config.kernels)};" in registry
+    assert all(f'{{"{k.name}"' in registry for k in config.kernels)
+
+
+def test_selective_build_and_kernel_table():
+    names = [k.name for k in _kernel_table.all_kernels()]
+    assert len(names) == len(set(names))
+    assert _kernel_table.select_kernels(None) == _kernel_table.all_kernels()
+    picked = _kernel_table.select_kernels("fp16, simt")
+    assert picked and all("fp16" in k.name or "simt" in k.name for k in picked)
+    assert _kernel_table.select_kernels("nothing-matches") == []
+    assert "kNumGemmKernels = 0" in _kernel_table.registry_source([])
+    for kernel in _kernel_table.all_kernels():
+        assert not (kernel.aux and kernel.a_major != "k")
+        assert f"CUTLASS_EXT_DEFINE_GEMM({kernel.name}," in kernel.source()
+
+
+def _toolchain_available() -> bool:
+    try:
+        _build.find_cuda_home()
+        _build.find_cutlass()
+    except _build.BuildError:
+        return False
+    return shutil.which("c++") is not None
+
+
+@pytest.mark.skipif(not _toolchain_available(), reason="needs nvcc, CUTLASS headers and a C++ compiler")
+def test_selective_build_compiles_and_imports(tmp_path):
+    """A real build of two kernels plus the binding, in a subprocess; importing the library needs
+    no GPU."""
+    env = dict(os.environ, CUTLASS_EXT_CACHE_DIR=str(tmp_path), CUTLASS_EXT_ARCH="90a",
+               CUTLASS_EXT_KERNELS="sm90_fp16_kn_bias_act_128x128,simt_f32_mk")
+    code = (
+        "from cutlass_ext import _build\n"
+        "config = _build.BuildConfig.from_environment()\n"
+        "module = _build.import_library(_build.run_build(config, config.build_dir()))\n"
+        "print(sorted(name for name, _ in module.kernels()))\n"
+        "print(module.activation_names())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "['simt_f32_mk_bias_act_128x128x8_simt', 'sm90_fp16_kn_bias_act_128x128_1x1_coop_sk']" in result.stdout
+    assert "['none', 'relu', 'gelu', 'gelu_tanh', 'silu']" in result.stdout
