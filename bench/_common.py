@@ -23,18 +23,29 @@ class Timer:
         self._flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
 
     def median_us(self, fn) -> float:
-        for _ in range(self.warmup):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.iters)]
-        for start, end in zip(starts, ends):
-            self._flush.zero_()
-            start.record()
-            fn()
-            end.record()
+        return self.median_us_many({"fn": fn})["fn"]
+
+    def median_us_many(self, fns: dict) -> dict:
+        """Median time of each callable, measured round-robin (one call of each per round) so
+        that clock and power changes during the run affect every provider alike."""
+        for fn in fns.values():
+            for _ in range(self.warmup):
+                fn()
+        events = {name: [] for name in fns}
+        for _ in range(self.iters):
+            for name, fn in fns.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                self._flush.zero_()
+                start.record()
+                fn()
+                end.record()
+                events[name].append((start, end))
         torch.cuda.synchronize()
-        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-        return times[len(times) // 2]
+        out = {}
+        for name, pairs in events.items():
+            times = sorted(s.elapsed_time(e) * 1e3 for s, e in pairs)
+            out[name] = times[len(times) // 2]
+        return out
 
 
 def commit() -> str:

@@ -63,17 +63,21 @@ def providers(mode: str, act: str):
     return table
 
 
-def run_case(timer, mode, fn, x, w, b, grad):
+def case_fn(mode, fn, x, w, b, grad):
+    """A zero-argument callable running one forward (no autograd) or one forward+backward."""
     if mode == "fwd":
-        with torch.no_grad():
-            return timer.median_us(lambda: fn(x, w, b))
+        def forward():
+            with torch.no_grad():
+                fn(x, w, b)
+
+        return forward
 
     def step():
         for t in (x, w, b):
             t.grad = None
         fn(x, w, b).backward(grad)
 
-    return timer.median_us(step)
+    return step
 
 
 def main(argv=None) -> int:
@@ -106,8 +110,9 @@ def main(argv=None) -> int:
                     b = torch.randn(n, device="cuda", dtype=dtype).requires_grad_(needs_grad)
                     grad = torch.randn(m, n, device="cuda", dtype=dtype) if needs_grad else None
                     flops = 2 * m * n * k * (3 if needs_grad else 1)
-                    for name, fn in table.items():
-                        us = run_case(timer, mode, fn, x, w, b, grad)
+                    times = timer.median_us_many({name: case_fn(mode, fn, x, w, b, grad)
+                                                  for name, fn in table.items()})
+                    for name, us in times.items():
                         rows.append({"mode": mode, "activation": act, "dtype": dtype_name, "set": set_name,
                                      "M": m, "K": k, "N": n, "provider": name, "median_us": us,
                                      "tflops": flops / us / 1e6})

@@ -4,6 +4,8 @@
 // so this file builds against any torch wheel.
 #include <torch/extension.h>
 
+#include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -86,6 +88,14 @@ const char* dtype_name(DType d) {
   return "?";
 }
 
+int64_t activation_code(c10::string_view name, const char* op) {
+  for (int i = 0; i < kNumActivations; ++i) {
+    if (name == kActivationNames[i]) return i;
+  }
+  CE_CHECK(false, op, ": unknown activation '", std::string(name), "'");
+  return 0;
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -136,20 +146,19 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 // ---------------------------------------------------------------------------------------------
 // Kernel selection
 
-const GemmKernelEntry* select_kernel(DType dtype, MathMode math, Major a, Major b, bool aux, int64_t M,
-                                     int64_t N, int64_t L, int sms, const std::string& config) {
-  std::vector<const GemmKernelEntry*> candidates;
+// Kernels built for this dtype, math mode, layout and epilogue (empty when the combination has
+// no instantiation, or a selective build left it out).
+std::vector<const GemmKernelEntry*> kernels_for(DType dtype, MathMode math, Major a, Major b, bool aux) {
+  std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
-    if (e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b && e.aux == aux) {
-      candidates.push_back(&e);
-    }
+    if (e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b && e.aux == aux) out.push_back(&e);
   }
-  CE_CHECK(!candidates.empty(), "no GEMM kernel was built for ", dtype_name(dtype),
-           math == MathMode::kExactF32 ? " (exact fp32)" : "", " with A ",
-           a == Major::kK ? "K-major" : "M-major", ", B ", b == Major::kK ? "K-major" : "N-major",
-           aux ? " and an aux output" : "",
-           "; rebuild without a CUTLASS_EXT_KERNELS filter that excludes it");
+  return out;
+}
+
+const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
+                                     int64_t L, int sms, const std::string& config) {
   if (!config.empty()) {
     std::string names;
     for (const GemmKernelEntry* e : candidates) {
@@ -158,13 +167,14 @@ const GemmKernelEntry* select_kernel(DType dtype, MathMode math, Major a, Major 
     }
     CE_CHECK(false, "config '", config, "' is not built for this dtype and layout; built:", names);
   }
-  // Heuristic: the largest data-parallel tile when its tiles fill the machine at least once;
-  // otherwise a stream-K config, which splits the K loop to occupy every SM.
+  // Heuristic: the first data-parallel config (the kernel table lists them in order of
+  // preference) when its tiles fill the machine at least once; otherwise the stream-K config,
+  // which splits the K loop to occupy every SM.
   const GemmKernelEntry* best_dp = nullptr;
   const GemmKernelEntry* best_sk = nullptr;
   for (const GemmKernelEntry* e : candidates) {
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
-    if (slot == nullptr || e->tile_m * e->tile_n > slot->tile_m * slot->tile_n) slot = e;
+    if (slot == nullptr) slot = e;
   }
   if (best_dp != nullptr) {
     const int64_t tiles = (M + best_dp->tile_m - 1) / best_dp->tile_m * ((N + best_dp->tile_n - 1) / best_dp->tile_n) * L;
@@ -189,9 +199,29 @@ void run_activation(const at::Tensor& input, const at::Tensor& output, int64_t a
 // Returns (D, Aux) with D contiguous [.., M, N]; Aux is an empty tensor unless requested and the
 // activation's backward needs it.
 
+// How GEMMs run, from torch's fp32 precision setting and the benchmark overrides.
+struct GemmOptions {
+  bool exact_f32 = false;  // fp32 on the FMA units (precision "highest") rather than TF32
+  std::string config;      // CUTLASS_EXT_GEMM_CONFIG: force one config by name
+  int swizzle = 0;         // CUTLASS_EXT_GEMM_SWIZZLE: 1, 2, 4 or 8; 0 = heuristic
+};
+
+GemmOptions gemm_options() {
+  GemmOptions o;
+  o.exact_f32 = !at::globalContext().allowTF32CuBLAS();
+  if (const char* v = std::getenv("CUTLASS_EXT_GEMM_CONFIG")) o.config = v;
+  if (const char* v = std::getenv("CUTLASS_EXT_GEMM_SWIZZLE")) {
+    const std::string s(v);
+    CE_CHECK(s == "0" || s == "1" || s == "2" || s == "4" || s == "8",
+             "CUTLASS_EXT_GEMM_SWIZZLE=", s, " must be 1, 2, 4 or 8 (or 0 for the heuristic)");
+    o.swizzle = std::stoi(s);
+  }
+  return o;
+}
+
 std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor& b,
                                         const c10::optional<at::Tensor>& bias, int64_t activation,
-                                        bool want_aux, bool exact_f32, const std::string& config) {
+                                        bool want_aux, const GemmOptions& opts) {
   const char* op = "gemm";
   CE_CHECK(a.is_cuda() && b.is_cuda(), op, ": A and B must be CUDA tensors");
   CE_CHECK(a.device() == b.device(), op, ": A is on ", a.device(), " but B is on ", b.device());
@@ -228,7 +258,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
   }
 
-  const MathMode math = (dt == DType::kF32 && exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
+  const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
   const int64_t align = math == MathMode::kExactF32 ? 1 : 16 / int64_t(a.element_size());
   const int64_t Kp = round_up(K, align), Np = round_up(N, align);
 
@@ -252,6 +282,26 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   }
 
   const bool kernel_aux = aux && math == MathMode::kTensorOp;
+  auto major_a = [&] { return va.y_contiguous ? Major::kK : Major::kMN; };
+  auto major_b = [&] { return vb.y_contiguous ? Major::kMN : Major::kK; };
+  std::vector<const GemmKernelEntry*> candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux);
+  if (candidates.empty()) {
+    // No kernel reads this layout (TF32 with an N-major B, or a selective build): copy the
+    // MN-major operands to K-major, which every build has.
+    if (major_a() != Major::kK) {
+      a3 = padded_copy(a3, M, Kp);
+      CE_CHECK(as_matrix(a3, align, va), op, ": internal error: K-major A is not readable");
+    }
+    if (major_b() != Major::kK) {
+      b3 = padded_copy(b3.transpose(1, 2), Np, Kp).transpose(1, 2);
+      CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: K-major B is not readable");
+    }
+    candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux);
+  }
+  CE_CHECK(!candidates.empty(), op, ": no GEMM kernel was built for ", dtype_name(dt),
+           math == MathMode::kExactF32 ? " (exact fp32)" : "", kernel_aux ? " with an aux output" : "",
+           "; rebuild without a CUTLASS_EXT_KERNELS filter that excludes it");
+
   at::Tensor d = new_output({L, M, Np}, options);
   at::Tensor z = aux ? new_output({L, M, Np}, options) : at::Tensor();
 
@@ -281,10 +331,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   p.activation = split_activation ? int(Activation::kNone) : int(activation);
   p.device = device;
   p.sm_count = sm_count(device);
-
-  const Major a_major = va.y_contiguous ? Major::kK : Major::kMN;
-  const Major b_major = vb.y_contiguous ? Major::kMN : Major::kK;
-  const GemmKernelEntry* kernel = select_kernel(dt, math, a_major, b_major, kernel_aux, M, Np, L, p.sm_count, config);
+  p.swizzle = opts.swizzle > 0 ? opts.swizzle : 1;
+  const GemmKernelEntry* kernel = select_kernel(candidates, M, Np, L, p.sm_count, opts.config);
 
   const size_t workspace_bytes = kernel->workspace_size(p);
   at::Tensor workspace;
@@ -303,11 +351,12 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
 // ---------------------------------------------------------------------------------------------
 // act_grad: (dZ, dbias) from dY and the saved tensor, in one pass. grad/saved are [rows, cols].
 
-std::tuple<at::Tensor, at::Tensor> act_grad_op(const at::Tensor& grad, const c10::optional<at::Tensor>& saved,
-                                            int64_t activation, bool need_input_grad, bool need_bias_grad) {
-  const char* op = "act_grad";
+std::tuple<at::Tensor, at::Tensor> act_grad_cuda(const at::Tensor& grad, const c10::optional<at::Tensor>& saved,
+                                              c10::string_view activation_name, bool need_input_grad,
+                                              bool need_bias_grad) {
+  const char* op = "_act_grad";
+  const int64_t activation = activation_code(activation_name, op);
   CE_CHECK(grad.is_cuda() && grad.dim() == 2, op, ": grad must be a 2-D CUDA tensor");
-  CE_CHECK(activation >= 0 && activation < kNumActivations, op, ": unknown activation code ", activation);
   const DType dt = dtype_of(grad, op, "grad");
   const c10::DeviceGuard guard(grad.device());
   const int64_t rows = grad.size(0), cols = grad.size(1);
@@ -362,6 +411,51 @@ std::tuple<at::Tensor, at::Tensor> act_grad_op(const at::Tensor& grad, const c10
 }
 
 // ---------------------------------------------------------------------------------------------
+// The CUDA kernels of the torch.ops.cutlass_ext ops (schemas: cutlass_ext/ops/linear.py).
+
+int64_t prod(at::IntArrayRef sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+std::vector<int64_t> with_last(at::IntArrayRef lead, std::initializer_list<int64_t> last) {
+  std::vector<int64_t> out(lead.begin(), lead.end());
+  out.insert(out.end(), last);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_cuda(const at::Tensor& a, const at::Tensor& b,
+                                               const c10::optional<at::Tensor>& bias,
+                                               c10::string_view activation_name, bool save_preact) {
+  const int64_t activation = activation_code(activation_name, "linear");
+  CE_CHECK(a.dim() >= 1 && b.dim() == 2, "linear: A must be [..., K] and B [K, N]");
+  const at::IntArrayRef lead = a.sizes().slice(0, a.dim() - 1);
+  const int64_t K = b.size(0), N = b.size(1);
+  auto [y, z] = gemm_op(a.reshape({prod(lead), K}), b, bias, activation, save_preact, gemm_options());
+  y = y.view(with_last(lead, {N}));
+  if (z.dim() == 2) z = z.view(with_last(lead, {N}));
+  return {y, z};
+}
+
+at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
+  CE_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: A and B must have at least 2 dimensions");
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  if (b.dim() == 2) {  // [..., M, K] @ [K, N]: fold the batch into M
+    const at::IntArrayRef lead = a.sizes().slice(0, a.dim() - 1);
+    auto result = gemm_op(a.reshape({prod(lead), K}), b, c10::nullopt, 0, false, gemm_options());
+    return std::get<0>(result).view(with_last(lead, {N}));
+  }
+  const std::vector<int64_t> batch =
+      at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
+  const int64_t count = prod(batch);
+  at::Tensor a3 = a.expand(with_last(batch, {M, K})).reshape({count, M, K});
+  at::Tensor b3 = b.expand(with_last(batch, {K, N})).reshape({count, K, N});
+  auto result = gemm_op(a3, b3, c10::nullopt, 0, false, gemm_options());
+  return std::get<0>(result).view(with_last(batch, {M, N}));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Introspection for cutlass_ext.info and the tests.
 
 std::vector<std::string> activation_names() {
@@ -377,13 +471,16 @@ std::vector<std::tuple<std::string, std::string>> kernels() {
 }  // namespace
 }  // namespace cutlass_ext
 
+// Loading this library registers the CUDA kernels with the dispatcher; until then (and where it
+// cannot be built) cutlass_ext/ops/_runtime.py routes CUDA calls to a loader or the reference.
+TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
+  m.impl("linear", &cutlass_ext::linear_cuda);
+  m.impl("matmul", &cutlass_ext::matmul_cuda);
+  m.impl("_act_grad", &cutlass_ext::act_grad_cuda);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "cutlass_ext CUDA kernels (loaded by cutlass_ext on first CUDA use)";
-  m.def("gemm", &cutlass_ext::gemm_op, "D = act(A @ B + bias), optionally with the pre-activation", py::arg("a"),
-        py::arg("b"), py::arg("bias"), py::arg("activation"), py::arg("want_aux"), py::arg("exact_f32"),
-        py::arg("config"));
-  m.def("act_grad", &cutlass_ext::act_grad_op, "fused activation backward and bias gradient", py::arg("grad"),
-        py::arg("saved"), py::arg("activation"), py::arg("need_input_grad"), py::arg("need_bias_grad"));
   m.def("activation_names", &cutlass_ext::activation_names);
   m.def("kernels", &cutlass_ext::kernels);
 }

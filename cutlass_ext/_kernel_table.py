@@ -34,16 +34,27 @@ class GemmConfig:
         return self.scheduler == "StreamKScheduler"
 
 
+# In order of preference: the binding takes the first data-parallel config whose output tiles
+# fill every SM at least once, else the stream-K config. Measured on an H200 (bench/NOTES.md):
+# the ping-pong 128x128 config beat the cooperative 128x256 (2x1 or 1x2 cluster), 256x128 and
+# stream-K 128x256 configs on 12 of 14 bf16 shapes with M >= 2048.
 SM90_CONFIGS = (
     GemmConfig(
+        "128x128_1x2_pp", 128, 128, 1, 2, "Pingpong", "PersistentScheduler",
+        use="at least one wave of 128x128 tiles: one warpgroup's epilogue overlaps the other's MMAs",
+    ),
+    GemmConfig(
         "128x256_2x1_coop", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
-        use="large M and N: at least one full wave of 128x256 output tiles",
+        use="large M and N (the TF32 default; an alternative for 16-bit types)",
     ),
     GemmConfig(
         "128x128_1x1_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",
         use="fewer output tiles than SMs (small M or N, weight gradients): stream-K splits K",
     ),
 )
+
+# TF32 (4-byte operands) keeps the cooperative configs.
+TF32_CONFIGS = SM90_CONFIGS[1:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +153,17 @@ def all_kernels() -> list[GemmKernel]:
     kernels = []
     for dtype in ("bf16", "fp16", "tf32"):
         for a, b in itertools.product("km", "kn"):
+            # TF32 with A K-major and B N-major takes CUTLASS's swap-AB register-A path, which
+            # leaves output columns unwritten (seen on an H200 with CUTLASS 4.2); the binding copies
+            # B to K-major instead.
+            if dtype == "tf32" and (a, b) == ("k", "n"):
+                continue
             for aux in (False, True):
                 # The aux (pre-activation) output only serves the forward of gelu/silu layers,
                 # whose input is a K-major activation; an M-major input is copied.
                 if aux and a != "k":
                     continue
-                for cfg in SM90_CONFIGS:
+                for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
     for a, b in itertools.product("km", "kn"):
         for cfg in SIMT_CONFIGS:

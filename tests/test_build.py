@@ -175,18 +175,22 @@ def _toolchain_available() -> bool:
 
 @pytest.mark.skipif(not _toolchain_available(), reason="needs nvcc, CUTLASS headers and a C++ compiler")
 def test_selective_build_compiles_and_imports(tmp_path):
-    """A real build of two kernels plus the binding, in a subprocess; importing the library needs
-    no GPU."""
+    """A real build of two kernels plus the binding, in a subprocess; loading the library (no GPU
+    needed) registers the CUDA kernels of the ops with the dispatcher."""
     env = dict(os.environ, CUTLASS_EXT_CACHE_DIR=str(tmp_path), CUTLASS_EXT_ARCH="90a",
-               CUTLASS_EXT_KERNELS="sm90_fp16_kn_bias_act_128x128,simt_f32_mk")
+               CUTLASS_EXT_KERNELS="sm90_fp16_kn_bias_act_128x128_1x1,simt_f32_mk")
     code = (
+        "import torch, cutlass_ext\n"
         "from cutlass_ext import _build\n"
         "config = _build.BuildConfig.from_environment()\n"
         "module = _build.import_library(_build.run_build(config, config.build_dir()))\n"
         "print(sorted(name for name, _ in module.kernels()))\n"
         "print(module.activation_names())\n"
+        "print([torch._C._dispatch_has_kernel_for_dispatch_key('cutlass_ext::' + op, 'CUDA')\n"
+        "       for op in ('linear', 'matmul', '_act_grad')])\n"
     )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "['simt_f32_mk_bias_act_128x128x8_simt', 'sm90_fp16_kn_bias_act_128x128_1x1_coop_sk']" in result.stdout
     assert "['none', 'relu', 'gelu', 'gelu_tanh', 'silu']" in result.stdout
+    assert "[True, True, True]" in result.stdout  # loading registered the CUDA kernels

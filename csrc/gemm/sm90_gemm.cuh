@@ -108,6 +108,7 @@ struct GemmBundle {
     }
     args.hw_info.device_id = p.device;
     args.hw_info.sm_count = p.sm_count;
+    args.scheduler.max_swizzle_size = p.swizzle;
     if constexpr (kStreamK) {
       args.scheduler.splits = p.splits;
       args.scheduler.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;

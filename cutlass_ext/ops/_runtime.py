@@ -1,5 +1,9 @@
-"""What the CUDA kernels of every op family share: the extension handle (or the reason the
-reference path runs instead), the fp32 precision policy and the GEMM config override."""
+"""What every op family shares: the extension handle (or the reason the reference path runs
+instead), the loader that routes first CUDA calls to it, and the reference kernels' compute dtype.
+
+The fp32 precision policy (TF32 unless torch.get_float32_matmul_precision() == "highest") and the
+GEMM config overrides (CUTLASS_EXT_GEMM_CONFIG, CUTLASS_EXT_GEMM_SWIZZLE) are read by the CUDA
+kernels themselves, at call time."""
 
 from __future__ import annotations
 
@@ -38,15 +42,28 @@ def extension() -> ModuleType | None:
         return None
 
 
-def exact_fp32() -> bool:
-    """fp32 GEMMs use TF32 tensor cores unless torch asks for full fp32 precision."""
-    return torch.get_float32_matmul_precision() == "highest"
+_loader_lib = torch.library.Library("cutlass_ext", "IMPL")
 
 
-def gemm_config() -> str:
-    """A GEMM config name forced by ``CUTLASS_EXT_GEMM_CONFIG`` (benchmarks); empty means the
-    built-in heuristic chooses."""
-    return os.environ.get("CUTLASS_EXT_GEMM_CONFIG", "")
+def register_cuda_loader(name: str, reference) -> None:
+    """Routes calls of ``cutlass_ext::<name>`` on devices without a kernel of their own.
+
+    The compiled extension registers each op's CUDA kernel with the dispatcher when it loads, so
+    after the first call CUDA tensors go straight to C++. This CompositeExplicitAutograd kernel
+    only serves the calls before that: on CUDA it loads (building if needed) the extension and
+    calls the op again, or runs ``reference`` where the extension cannot be built here.
+    """
+    qualname = f"cutlass_ext::{name}"
+
+    def load_then_call(*args):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        if device.type != "cuda":
+            raise NotImplementedError(f"{qualname} has no kernel for {device.type} tensors; use CPU or CUDA tensors")
+        if extension() is not None and torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA"):
+            return getattr(torch.ops.cutlass_ext, name).default(*args)
+        return reference(*args)
+
+    _loader_lib.impl(name, load_then_call, "CompositeExplicitAutograd")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

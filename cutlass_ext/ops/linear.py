@@ -2,17 +2,16 @@
 activation-backward/bias-gradient op their backward passes use.
 
 Schemas, fake kernels, autograd and the CPU reference live here; the CUDA kernels come from the
-compiled extension, loaded on first CUDA use.
+compiled extension (csrc/binding.cpp), which registers them when it loads on first CUDA use.
 """
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from . import _activation
-from ._runtime import compute_dtype, exact_fp32, extension, gemm_config
+from ._runtime import compute_dtype, register_cuda_loader
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -139,27 +138,14 @@ def _linear_cpu(a, b, bias, activation, save_preact):
     return _linear_reference(a, b, bias, activation, save_preact)
 
 
-@torch.library.impl("cutlass_ext::linear", "cuda")
-def _linear_cuda(a, b, bias, activation, save_preact):
-    ext = extension()
-    if ext is None:
-        return _linear_reference(a, b, bias, activation, save_preact)
-    lead = a.shape[:-1]
-    k, n = b.shape
-    y, aux = ext.gemm(
-        a.reshape(math.prod(lead), k), b, bias, _activation.CODES[activation],
-        _stores_preact(activation, save_preact), exact_fp32(), gemm_config(),
-    )
-    y = y.view(*lead, n)
-    if _stores_preact(activation, save_preact):
-        aux = aux.view(*lead, n)
-    return y, aux
+register_cuda_loader("linear", _linear_reference)
 
 
 def _linear_setup_context(ctx, inputs, output):
     a, b, bias, activation, save_preact = inputs
     y, aux = output
     ctx.mark_non_differentiable(aux)
+    ctx.set_materialize_grads(False)  # aux never has a gradient: don't build zeros for it
     ctx.activation = activation
     ctx.a_shape = a.shape
     if activation == "relu":
@@ -172,6 +158,8 @@ def _linear_setup_context(ctx, inputs, output):
 
 
 def _linear_backward(ctx, grad_y, grad_aux):
+    if grad_y is None:
+        return None, None, None, None, None
     a, b, saved = ctx.saved_tensors
     activation = ctx.activation
     need_a, need_b, need_bias = ctx.needs_input_grad[:3]
@@ -245,25 +233,7 @@ def _matmul_cpu(a, b):
     return _matmul_reference(a, b)
 
 
-@torch.library.impl("cutlass_ext::matmul", "cuda")
-def _matmul_cuda(a, b):
-    ext = extension()
-    if ext is None:
-        return _matmul_reference(a, b)
-    m, k = a.shape[-2:]
-    n = b.shape[-1]
-    code = _activation.CODES["none"]
-    if b.dim() == 2:
-        # [..., M, K] @ [K, N]: fold the batch into M.
-        lead = a.shape[:-1]
-        y, _ = ext.gemm(a.reshape(math.prod(lead), k), b, None, code, False, exact_fp32(), gemm_config())
-        return y.view(*lead, n)
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    count = math.prod(batch)
-    a3 = a.expand(*batch, m, k).reshape(count, m, k)
-    b3 = b.expand(*batch, k, n).reshape(count, k, n)
-    y, _ = ext.gemm(a3, b3, None, code, False, exact_fp32(), gemm_config())
-    return y.view(*batch, m, n)
+register_cuda_loader("matmul", _matmul_reference)
 
 
 def _matmul_setup_context(ctx, inputs, output):
@@ -332,9 +302,4 @@ def _act_grad_cpu(grad, saved, activation, need_grad_input, need_grad_bias):
     return _act_grad_reference(grad, saved, activation, need_grad_input, need_grad_bias)
 
 
-@torch.library.impl("cutlass_ext::_act_grad", "cuda")
-def _act_grad_cuda(grad, saved, activation, need_grad_input, need_grad_bias):
-    ext = extension()
-    if ext is None:
-        return _act_grad_reference(grad, saved, activation, need_grad_input, need_grad_bias)
-    return ext.act_grad(grad, saved, _activation.CODES[activation], need_grad_input, need_grad_bias)
+register_cuda_loader("_act_grad", _act_grad_reference)
