@@ -438,6 +438,37 @@ std::tuple<at::Tensor, at::Tensor> linear_cuda(const at::Tensor& a, const at::Te
   return {y, z};
 }
 
+// The whole backward of linear in one call: the fused act'/bias-gradient pass, then dA = dZ B^T
+// and dB = A^T dZ, each only when needed (empty tensors otherwise).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(
+    const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& saved,
+    c10::string_view activation_name, bool need_grad_a, bool need_grad_b, bool need_grad_bias,
+    bool grad_b_transposed) {
+  const int64_t activation = activation_code(activation_name, "_linear_backward");
+  const int64_t K = b.size(0), N = b.size(1);
+  const at::Tensor grad2 = grad.reshape({-1, N});
+  at::Tensor grad_z = grad2;
+  at::Tensor grad_bias = at::empty({0}, grad.options());
+  if (activation != int64_t(Activation::kNone) || need_grad_bias) {
+    c10::optional<at::Tensor> saved2;
+    if (saved.has_value()) saved2 = saved->reshape({-1, N});
+    auto [dz, db] = act_grad_cuda(grad2, saved2, activation_name, need_grad_a || need_grad_b, need_grad_bias);
+    if (activation != int64_t(Activation::kNone)) grad_z = dz;
+    grad_bias = db;
+  }
+  const GemmOptions opts = gemm_options();
+  auto mm = [&](const at::Tensor& x, const at::Tensor& y) {
+    return std::get<0>(gemm_op(x, y, c10::nullopt, 0, false, opts));
+  };
+  at::Tensor grad_a = need_grad_a ? mm(grad_z, b.t()).view(a.sizes()) : at::empty({0}, grad.options());
+  at::Tensor grad_b = at::empty({0}, grad.options());
+  if (need_grad_b) {
+    const at::Tensor a2 = a.reshape({-1, K});
+    grad_b = grad_b_transposed ? mm(grad_z.t(), a2).t() : mm(a2.t(), grad_z);
+  }
+  return {grad_a, grad_b, grad_bias};
+}
+
 at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
   CE_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: A and B must have at least 2 dimensions");
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
@@ -477,6 +508,7 @@ TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
   m.impl("linear", &cutlass_ext::linear_cuda);
   m.impl("matmul", &cutlass_ext::matmul_cuda);
   m.impl("_act_grad", &cutlass_ext::act_grad_cuda);
+  m.impl("_linear_backward", &cutlass_ext::linear_backward_cuda);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

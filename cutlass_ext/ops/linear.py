@@ -19,6 +19,11 @@ torch.library.define(
     "cutlass_ext::linear",
     "(Tensor a, Tensor b, Tensor? bias, str activation, bool save_preact) -> (Tensor, Tensor)",
 )
+torch.library.define(
+    "cutlass_ext::_linear_backward",
+    "(Tensor grad, Tensor a, Tensor b, Tensor? saved, str activation, bool need_grad_a, bool need_grad_b, "
+    "bool need_grad_bias, bool grad_b_transposed) -> (Tensor, Tensor, Tensor)",
+)
 torch.library.define("cutlass_ext::matmul", "(Tensor a, Tensor b) -> Tensor")
 torch.library.define(
     "cutlass_ext::_act_grad",
@@ -162,35 +167,64 @@ def _linear_backward(ctx, grad_y, grad_aux):
         return None, None, None, None, None
     a, b, saved = ctx.saved_tensors
     activation = ctx.activation
-    need_a, need_b, need_bias = ctx.needs_input_grad[:3]
-    k, n = b.shape
     if activation in _activation.NEEDS_PREACTIVATION and saved is None:
         raise RuntimeError(
             f"cutlass_ext.linear: the backward of activation {activation!r} needs the pre-activation; "
             "call the op with save_preact=True (cutlass_ext.linear does this when grads are enabled)"
         )
-    grad2 = grad_y.reshape(-1, n)
-    grad_z, grad_bias = grad2, None
-    if activation != "none" or need_bias:
-        saved2 = saved.reshape(-1, n) if saved is not None else None
-        dz, db = torch.ops.cutlass_ext._act_grad(grad2, saved2, activation, need_a or need_b, need_bias)
-        if activation != "none":
-            grad_z = dz
-        grad_bias = db if need_bias else None
-    grad_a = grad_b = None
-    if need_a:
-        grad_a = torch.ops.cutlass_ext.matmul(grad_z, b.t()).view(ctx.a_shape)
-    if need_b:
-        a2 = a.reshape(-1, k)
-        if b.stride(0) == 1 and b.stride(1) != 1:
-            # B is the transpose of a row-major [N, K] weight: produce dB in that layout.
-            grad_b = torch.ops.cutlass_ext.matmul(grad_z.t(), a2).t()
-        else:
-            grad_b = torch.ops.cutlass_ext.matmul(a2.t(), grad_z)
-    return grad_a, grad_b, grad_bias, None, None
+    need_a, need_b, need_bias = ctx.needs_input_grad[:3]
+    # dB comes back in B's layout: transposed when B is the transpose of a row-major [N, K] weight.
+    b_is_weight_t = b.stride(0) == 1 and b.stride(1) != 1
+    grad_a, grad_b, grad_bias = torch.ops.cutlass_ext._linear_backward(
+        grad_y, a, b, saved, activation, need_a, need_b, need_bias, b_is_weight_t
+    )
+    return grad_a if need_a else None, grad_b if need_b else None, grad_bias if need_bias else None, None, None
 
 
 torch.library.register_autograd("cutlass_ext::linear", _linear_backward, setup_context=_linear_setup_context)
+
+
+# _linear_backward: dZ = dY * act'(saved) and dbias = sum of dZ over rows (one fused pass), then
+# dA = dZ B^T and dB = A^T dZ (two GEMMs), each only when requested; not-requested results are
+# empty tensors. One op, so the whole backward is a single call into the extension.
+
+
+def _linear_backward_reference(grad, a, b, saved, activation, need_grad_a, need_grad_b, need_grad_bias,
+                               grad_b_transposed):
+    k, n = b.shape
+    grad2 = grad.reshape(-1, n)
+    grad_z, grad_bias = grad2, grad.new_empty(0)
+    if activation != "none" or need_grad_bias:
+        saved2 = saved.reshape(-1, n) if saved is not None else None
+        dz, db = _act_grad_reference(grad2, saved2, activation, need_grad_a or need_grad_b, need_grad_bias)
+        grad_z = dz if activation != "none" else grad2
+        grad_bias = db
+    grad_a = _matmul_reference(grad_z, b.t()).view(a.shape) if need_grad_a else grad.new_empty(0)
+    grad_b = grad.new_empty(0)
+    if need_grad_b:
+        a2 = a.reshape(-1, k)
+        grad_b = _matmul_reference(grad_z.t(), a2).t() if grad_b_transposed else _matmul_reference(a2.t(), grad_z)
+    return grad_a, grad_b, grad_bias
+
+
+@torch.library.register_fake("cutlass_ext::_linear_backward")
+def _linear_backward_fake(grad, a, b, saved, activation, need_grad_a, need_grad_b, need_grad_bias,
+                          grad_b_transposed):
+    k, n = b.shape
+    grad_a = a.new_empty(a.shape) if need_grad_a else a.new_empty(0)
+    grad_b = b.new_empty(0)
+    if need_grad_b:
+        grad_b = b.new_empty((n, k)).t() if grad_b_transposed else b.new_empty((k, n))
+    grad_bias = grad.new_empty((n,)) if need_grad_bias else grad.new_empty(0)
+    return grad_a, grad_b, grad_bias
+
+
+@torch.library.impl("cutlass_ext::_linear_backward", "cpu")
+def _linear_backward_cpu(*args):
+    return _linear_backward_reference(*args)
+
+
+register_cuda_loader("_linear_backward", _linear_backward_reference)
 
 
 def linear(A, B, bias=None, relu=False, *, activation=None):
