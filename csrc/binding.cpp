@@ -185,6 +185,20 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   return best_sk;
 }
 
+// Split-K factor for a stream-K kernel on a problem with few output tiles: enough splits to give
+// every SM work, at most 16 and at least 4 K-tiles (128-byte deep stages) per split. Left to
+// CUTLASS's stream-K decomposition, a handful of output tiles with a very long K (the weight
+// gradient of a narrow layer over 65536 rows) was cut into ~132 pieces whose deterministic
+// reduction then ran as one 132-step serial chain.
+int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int64_t L, int sms,
+                   int64_t element_size) {
+  const int64_t tiles = (M + kernel.tile_m - 1) / kernel.tile_m * ((N + kernel.tile_n - 1) / kernel.tile_n) * L;
+  if (tiles >= sms) return 1;
+  const int64_t k_tiles = (K + 128 / element_size - 1) / (128 / element_size);
+  const int64_t splits = std::min<int64_t>({(sms + tiles - 1) / tiles, 16, k_tiles / 4});
+  return int(std::max<int64_t>(splits, 1));
+}
+
 void run_activation(const at::Tensor& input, const at::Tensor& output, int64_t activation, cudaStream_t stream) {
   ActForwardParams p;
   p.numel = input.numel();
@@ -335,6 +349,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   p.sm_count = sm_count(device);
   p.swizzle = opts.swizzle > 0 ? opts.swizzle : 1;
   const GemmKernelEntry* kernel = select_kernel(candidates, M, Np, L, p.sm_count, opts.config);
+  if (kernel->stream_k) p.splits = split_k_factor(*kernel, M, Np, Kp, L, p.sm_count, a.element_size());
 
   const size_t workspace_bytes = kernel->workspace_size(p);
   at::Tensor workspace;
