@@ -1,16 +1,19 @@
-// Host binding: checks tensors, picks layouts from strides (copying only what TMA cannot read),
-// allocates outputs and workspace from the torch allocator, fills the plain params structs and
-// launches on the current stream. Only torch's device-generic headers are used (no ATen/cuda),
-// so this file builds against any torch wheel.
+// Host binding: the CUDA kernels (and the CUDA autograd of linear) of the torch.ops.cutlass_ext
+// ops, registered with the dispatcher when this library loads. It checks tensors, picks layouts
+// from strides (copying only what TMA cannot read), allocates outputs and workspace from the torch
+// allocator, fills the plain params structs and launches on the current stream. Only torch's
+// device-generic headers are used (no ATen/cuda), so this file builds against any torch wheel.
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/extension.h>
 
 #include <ATen/Context.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -32,16 +35,17 @@ namespace {
 // Device and stream helpers (the one device-property cache)
 
 int sm_count(int device) {
-  static std::vector<int> cache;
-  if (device >= int(cache.size())) cache.resize(device + 1, 0);
-  if (cache[device] == 0) {
-    int value = 0;
+  // Read concurrently by autograd's per-device threads: one atomic slot per device.
+  static std::array<std::atomic<int>, 64> cache{};
+  CE_CHECK(device >= 0 && device < int(cache.size()), "device index ", device, " out of range");
+  int value = cache[device].load(std::memory_order_relaxed);
+  if (value == 0) {
     const cudaError_t err = cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
     CE_CHECK(err == cudaSuccess, "cannot query the multiprocessor count of cuda:", device, ": ",
              cudaGetErrorString(err));
-    cache[device] = value;
+    cache[device].store(value, std::memory_order_relaxed);
   }
-  return cache[device];
+  return value;
 }
 
 cudaStream_t current_stream(const at::Device& device) {
@@ -159,6 +163,10 @@ std::vector<const GemmKernelEntry*> kernels_for(DType dtype, MathMode math, Majo
   return out;
 }
 
+int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t L) {
+  return (M + kernel.tile_m - 1) / kernel.tile_m * ((N + kernel.tile_n - 1) / kernel.tile_n) * L;
+}
+
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
                                      int64_t L, int sms, const std::string& config) {
   if (!config.empty()) {
@@ -178,10 +186,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
   }
-  if (best_dp != nullptr) {
-    const int64_t tiles = (M + best_dp->tile_m - 1) / best_dp->tile_m * ((N + best_dp->tile_n - 1) / best_dp->tile_n) * L;
-    if (tiles >= sms || best_sk == nullptr) return best_dp;
-  }
+  if (best_dp != nullptr && (output_tiles(*best_dp, M, N, L) >= sms || best_sk == nullptr)) return best_dp;
   return best_sk;
 }
 
@@ -192,7 +197,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
 // reduction then ran as one 132-step serial chain.
 int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int64_t L, int sms,
                    int64_t element_size) {
-  const int64_t tiles = (M + kernel.tile_m - 1) / kernel.tile_m * ((N + kernel.tile_n - 1) / kernel.tile_n) * L;
+  const int64_t tiles = output_tiles(kernel, M, N, L);
   if (tiles >= sms) return 1;
   const int64_t k_tiles = (K + 128 / element_size - 1) / (128 / element_size);
   const int64_t splits = std::min<int64_t>({(sms + tiles - 1) / tiles, 16, k_tiles / 4});
@@ -208,12 +213,6 @@ void run_activation(const at::Tensor& input, const at::Tensor& output, int64_t a
   p.output = output.data_ptr();
   check_launch(activation_forward(p, stream), "gemm", "activation_forward");
 }
-
-// ---------------------------------------------------------------------------------------------
-// gemm: D = act(A @ B + bias), optionally also Aux = A @ B + bias.
-// a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N] (any strides); bias: [N] or None.
-// Returns (D, Aux) with D contiguous [.., M, N]; Aux is an empty tensor unless requested and the
-// activation's backward needs it.
 
 // How GEMMs run, from torch's fp32 precision setting and the benchmark overrides.
 struct GemmOptions {
@@ -234,6 +233,12 @@ GemmOptions gemm_options() {
   }
   return o;
 }
+
+// ---------------------------------------------------------------------------------------------
+// gemm: D = act(A @ B + bias), optionally also Aux = A @ B + bias.
+// a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N] (any strides); bias: [N] or None.
+// Returns (D, Aux) with D contiguous [.., M, N]; Aux is an empty tensor unless requested and the
+// activation's backward needs it.
 
 std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor& b,
                                         const c10::optional<at::Tensor>& bias, int64_t activation,
