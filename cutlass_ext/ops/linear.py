@@ -146,13 +146,14 @@ def _linear_cpu(a, b, bias, activation, save_preact):
 register_cuda_loader("linear", _linear_reference)
 
 
+# Autograd of linear for CPU tensors and for CUDA calls made before the extension is loaded; once it
+# is, CUDA tensors use LinearAutograd in csrc/binding.cpp, which mirrors these two functions in C++.
 def _linear_setup_context(ctx, inputs, output):
     a, b, bias, activation, save_preact = inputs
     y, aux = output
     ctx.mark_non_differentiable(aux)
     ctx.set_materialize_grads(False)  # aux never has a gradient: don't build zeros for it
     ctx.activation = activation
-    ctx.a_shape = a.shape
     if activation == "relu":
         saved = y
     elif activation in _activation.NEEDS_PREACTIVATION:
