@@ -283,15 +283,18 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const int64_t align = math == MathMode::kExactF32 ? 1 : 16 / int64_t(a.element_size());
   const int64_t Kp = round_up(K, align), Np = round_up(N, align);
 
+  // Copies of an operand, K-major and padded to (Kp, Np), which every build can read.
   MatrixView va, vb;
-  if (!(Kp == K && as_matrix(a3, align, va))) {
+  auto copy_a_k_major = [&] {
     a3 = padded_copy(a3, M, Kp);
-    CE_CHECK(as_matrix(a3, align, va), op, ": internal error: padded A is not readable");
-  }
-  if (!(Kp == K && Np == N && as_matrix(b3, align, vb))) {
+    CE_CHECK(as_matrix(a3, align, va), op, ": internal error: K-major copy of A is not readable");
+  };
+  auto copy_b_k_major = [&] {
     b3 = padded_copy(b3.transpose(1, 2), Np, Kp).transpose(1, 2);
-    CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: padded B is not readable");
-  }
+    CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: K-major copy of B is not readable");
+  };
+  if (!(Kp == K && as_matrix(a3, align, va))) copy_a_k_major();
+  if (!(Kp == K && Np == N && as_matrix(b3, align, vb))) copy_b_k_major();
   at::Tensor bias_k;
   if (bias.has_value()) {
     bias_k = *bias;
@@ -309,14 +312,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   if (candidates.empty()) {
     // No kernel reads this layout (TF32 with an N-major B, or a selective build): copy the
     // MN-major operands to K-major, which every build has.
-    if (major_a() != Major::kK) {
-      a3 = padded_copy(a3, M, Kp);
-      CE_CHECK(as_matrix(a3, align, va), op, ": internal error: K-major A is not readable");
-    }
-    if (major_b() != Major::kK) {
-      b3 = padded_copy(b3.transpose(1, 2), Np, Kp).transpose(1, 2);
-      CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: K-major B is not readable");
-    }
+    if (major_a() != Major::kK) copy_a_k_major();
+    if (major_b() != Major::kK) copy_b_k_major();
     candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux);
   }
   CE_CHECK(!candidates.empty(), op, ": no GEMM kernel was built for ", dtype_name(dt),

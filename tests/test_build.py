@@ -187,10 +187,10 @@ def test_selective_build_compiles_and_imports(tmp_path):
         "print(sorted(name for name, _ in module.kernels()))\n"
         "print(module.activation_names())\n"
         "print([torch._C._dispatch_has_kernel_for_dispatch_key('cutlass_ext::' + op, 'CUDA')\n"
-        "       for op in ('linear', 'matmul', '_act_grad')])\n"
+        "       for op in ('linear', 'matmul', '_act_grad', '_linear_backward')])\n"
     )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "['simt_f32_mk_bias_act_128x128x8_simt', 'sm90_fp16_kn_bias_act_128x128_1x1_coop_sk']" in result.stdout
     assert "['none', 'relu', 'gelu', 'gelu_tanh', 'silu']" in result.stdout
-    assert "[True, True, True]" in result.stdout  # loading registered the CUDA kernels
+    assert "[True, True, True, True]" in result.stdout  # loading registered the CUDA kernels

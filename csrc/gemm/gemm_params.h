@@ -32,7 +32,7 @@ struct GemmParams {
   float alpha = 1.f;
   int device = 0;
   int sm_count = 0;
-  int splits = 1;   // split-K factor for stream-K configs; 1 lets the scheduler decide
+  int splits = 1;   // split-K factor for stream-K configs (set by the binding); 1 = data-parallel
   int swizzle = 1;  // tile-rasterization swizzle (1, 2, 4 or 8): tiles that share operands run together
 };
 

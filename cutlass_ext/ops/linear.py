@@ -7,7 +7,6 @@ compiled extension (csrc/binding.cpp), which registers them when it loads on fir
 
 from __future__ import annotations
 
-
 import torch
 
 from . import _activation
