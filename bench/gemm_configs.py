@@ -1,6 +1,6 @@
 """Config sweep: times cutlass_ext.linear (bias + ReLU epilogue, x @ W.T) with every built GEMM
 config and tile swizzle, next to cuBLASLt's fused torch._addmm_activation, and prints the best
-config per shape. Used to set the heuristic in csrc/binding.cpp.
+config per shape. Used to set the heuristic in csrc/bindings/gemm.cpp.
 
     python bench/gemm_configs.py --dtype bf16
 """

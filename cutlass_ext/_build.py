@@ -45,10 +45,15 @@ CSRC_DIR = PACKAGE_DIR / "csrc" if (PACKAGE_DIR / "csrc").is_dir() else REPO_DIR
 MODULE_NAME = "cutlass_ext._C"
 LIBRARY_FILE = "_C.so"
 AOT_STAMP = "_C_build.json"
-
-# Hand-written translation units; the GEMM instantiations are generated from _kernel_table.
-STATIC_SOURCES = ("binding.cpp", "elementwise/activation_kernels.cu")
 SUPPORTED_ARCHS = ("90a",)
+
+
+def static_sources() -> tuple[str, ...]:
+    """The hand-written translation units: every .cu and .cpp under csrc/ (the GEMM
+    instantiations are generated from _kernel_table)."""
+    return tuple(
+        sorted(str(p.relative_to(CSRC_DIR)) for p in CSRC_DIR.rglob("*") if p.suffix in (".cu", ".cpp"))
+    )
 
 
 class BuildError(RuntimeError):
@@ -323,7 +328,7 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
     write_if_changed(registry, _kernel_table.registry_source(list(config.kernels)))
     rules.append(f"build obj/gemm_registry.o: cxx {registry}\n")
     objects.append("obj/gemm_registry.o")
-    for rel in STATIC_SOURCES:
+    for rel in static_sources():
         src = CSRC_DIR / rel
         obj = "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
         if src.suffix == ".cu":

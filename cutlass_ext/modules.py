@@ -16,7 +16,7 @@ class FusedLinear(nn.Module):
 
     Parameters and ``state_dict`` keys match ``nn.Linear`` (``weight`` is ``[out_features,
     in_features]``), so checkpoints load either way. ``activation`` is None, "relu", "gelu",
-    "gelu_tanh" or "silu".
+    "gelu_tanh", "silu" or "sigmoid".
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = "relu",

@@ -143,8 +143,14 @@ def test_build_tree(tmp_path):
         source = (tmp_path / "gen" / f"{kernel.name}.cu").read_text()
         assert source.startswith(_kernel_table.BANNER)
         assert f"build obj/{kernel.name}.o: nvcc {tmp_path / 'gen' / (kernel.name + '.cu')}" in ninja
-    assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(config.kernels) + 1  # + elementwise
-    assert "build obj/binding.o: cxx" in ninja and "build obj/gemm_registry.o: cxx" in ninja
+    static = _build.static_sources()
+    assert "bindings/gemm.cpp" in static and "elementwise/activation_kernels.cu" in static
+    hand_written_cu = [rel for rel in static if rel.endswith(".cu")]
+    assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(config.kernels) + len(hand_written_cu)
+    for rel in static:
+        rule = "nvcc" if rel.endswith(".cu") else "cxx"
+        assert f"build obj/{rel.replace('/', '_').rsplit('.', 1)[0]}.o: {rule}" in ninja
+    assert "build obj/gemm_registry.o: cxx" in ninja
     assert "-D_GLIBCXX_USE_CXX11_ABI=1" in ninja and "-ltorch_python" in ninja
     registry = (tmp_path / "gen" / "gemm_registry.cpp").read_text()
     assert f"const int kNumGemmKernels = {len(config.kernels)};" in registry
@@ -192,5 +198,5 @@ def test_selective_build_compiles_and_imports(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "['simt_f32_mk_bias_act_128x128x8_simt', 'sm90_fp16_kn_bias_act_128x128_1x1_coop_sk']" in result.stdout
-    assert "['none', 'relu', 'gelu', 'gelu_tanh', 'silu']" in result.stdout
+    assert "['none', 'relu', 'gelu', 'gelu_tanh', 'silu', 'sigmoid']" in result.stdout
     assert "[True, True, True, True]" in result.stdout  # loading registered the CUDA kernels

@@ -26,7 +26,7 @@ def test_state_dict_matches_nn_linear(device, bias):
         assert_close_to_reference(fused(x), torch.relu(plain(x)).double(), None, "fp32")
 
 
-@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid"])
 def test_from_linear_shares_parameters(device, activation):
     plain = nn.Linear(32, 16, device=device, dtype=torch.bfloat16)
     fused = cutlass_ext.FusedLinear.from_linear(plain, activation=activation)

@@ -4,19 +4,15 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define CE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define CE_HOST_DEVICE inline
-#endif
+#include "common/types.h"
 
 namespace cutlass_ext {
 
 // The integer codes are part of the Python <-> C++ contract: cutlass_ext/ops/_activation.py lists
 // the names in this order, and the binding exports activation_names() so a test can compare them.
-enum class Activation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kSilu = 4 };
-constexpr int kNumActivations = 5;
-constexpr const char* kActivationNames[kNumActivations] = {"none", "relu", "gelu", "gelu_tanh", "silu"};
+enum class Activation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kSilu = 4, kSigmoid = 5 };
+constexpr int kNumActivations = 6;
+constexpr const char* kActivationNames[kNumActivations] = {"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid"};
 
 namespace act {
 
@@ -40,12 +36,13 @@ CE_HOST_DEVICE float forward(int kind, float x) {
     case int(Activation::kGelu): return gelu(x);
     case int(Activation::kGeluTanh): return gelu_tanh(x);
     case int(Activation::kSilu): return silu(x);
+    case int(Activation::kSigmoid): return sigmoid(x);
     default: return x;
   }
 }
 
 // d act / d z times dy. `saved` is the activation output y for relu (y > 0 iff z > 0) and the
-// pre-activation z for gelu, gelu_tanh and silu; it is unused for kNone.
+// pre-activation z for gelu, gelu_tanh, silu and sigmoid; it is unused for kNone.
 CE_HOST_DEVICE float backward(int kind, float dy, float saved) {
   switch (kind) {
     case int(Activation::kRelu): return saved > 0.f ? dy : 0.f;
@@ -64,6 +61,10 @@ CE_HOST_DEVICE float backward(int kind, float dy, float saved) {
       const float s = sigmoid(saved);
       return dy * s * (1.f + saved * (1.f - s));
     }
+    case int(Activation::kSigmoid): {
+      const float s = sigmoid(saved);
+      return dy * s * (1.f - s);
+    }
     default: return dy;
   }
 }
@@ -72,7 +73,7 @@ CE_HOST_DEVICE float backward(int kind, float dy, float saved) {
 // rather than its output y (relu) or nothing (none).
 constexpr bool needs_preactivation(int kind) {
   return kind == int(Activation::kGelu) || kind == int(Activation::kGeluTanh) ||
-         kind == int(Activation::kSilu);
+         kind == int(Activation::kSilu) || kind == int(Activation::kSigmoid);
 }
 
 }  // namespace act

@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include <cutlass/numeric_types.h>
-
 #include "common/activation.h"
+#include "common/device_utils.cuh"
 
 namespace cutlass_ext {
 namespace {
@@ -13,21 +12,6 @@ namespace {
 constexpr int kThreadsX = 32;  // threads across columns (each owns kVec adjacent columns)
 constexpr int kThreadsY = 8;   // threads across rows
 constexpr int kMinRowsPerSplit = 32;
-
-template <class T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
-
-template <DType D> struct ElementOf;
-template <> struct ElementOf<DType::kF16> { using type = cutlass::half_t; };
-template <> struct ElementOf<DType::kBF16> { using type = cutlass::bfloat16_t; };
-template <> struct ElementOf<DType::kF32> { using type = float; };
-
-template <class T>
-constexpr int vec_width() { return 16 / int(sizeof(T)); }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <class T, int kVec, int kKind>
 __global__ void __launch_bounds__(kThreadsX* kThreadsY)
@@ -109,6 +93,7 @@ void launch_act_grad_vec(ActGradParams const& p, cudaStream_t stream) {
     case int(Activation::kGelu): return launch_act_grad_kind<T, kVec, int(Activation::kGelu)>(p, stream);
     case int(Activation::kGeluTanh): return launch_act_grad_kind<T, kVec, int(Activation::kGeluTanh)>(p, stream);
     case int(Activation::kSilu): return launch_act_grad_kind<T, kVec, int(Activation::kSilu)>(p, stream);
+    case int(Activation::kSigmoid): return launch_act_grad_kind<T, kVec, int(Activation::kSigmoid)>(p, stream);
     default: return launch_act_grad_kind<T, kVec, int(Activation::kNone)>(p, stream);
   }
 }
@@ -156,20 +141,9 @@ void launch_activation_forward(ActForwardParams const& p, cudaStream_t stream) {
     case int(Activation::kGelu): return launch_activation_forward_kind<T, int(Activation::kGelu)>(p, stream);
     case int(Activation::kGeluTanh): return launch_activation_forward_kind<T, int(Activation::kGeluTanh)>(p, stream);
     case int(Activation::kSilu): return launch_activation_forward_kind<T, int(Activation::kSilu)>(p, stream);
+    case int(Activation::kSigmoid): return launch_activation_forward_kind<T, int(Activation::kSigmoid)>(p, stream);
     default: return launch_activation_forward_kind<T, int(Activation::kNone)>(p, stream);
   }
-}
-
-template <template <class> class Fn, class P>
-LaunchResult dispatch_dtype(P const& p, cudaStream_t stream) {
-  switch (p.dtype) {
-    case DType::kF16: Fn<ElementOf<DType::kF16>::type>{}(p, stream); break;
-    case DType::kBF16: Fn<ElementOf<DType::kBF16>::type>{}(p, stream); break;
-    case DType::kF32: Fn<ElementOf<DType::kF32>::type>{}(p, stream); break;
-  }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
-  return {};
 }
 
 template <class T>

@@ -14,7 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "gemm/gemm_params.h"
+#include "common/types.h"
 
 namespace cutlass_ext {
 

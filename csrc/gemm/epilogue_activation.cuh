@@ -43,6 +43,7 @@ struct RuntimeActivation<cutlass::Array<T, N>> {
       case int(Activation::kGelu): return apply<int(Activation::kGelu)>(v);
       case int(Activation::kGeluTanh): return apply<int(Activation::kGeluTanh)>(v);
       case int(Activation::kSilu): return apply<int(Activation::kSilu)>(v);
+      case int(Activation::kSigmoid): return apply<int(Activation::kSigmoid)>(v);
       default: return v;
     }
   }

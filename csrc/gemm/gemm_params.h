@@ -7,9 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
-namespace cutlass_ext {
+#include "common/types.h"
 
-enum class DType : int { kF16 = 0, kBF16 = 1, kF32 = 2 };
+namespace cutlass_ext {
 
 // How an fp32 GEMM multiplies: on tensor cores in TF32, or exactly on the FMA units.
 enum class MathMode : int { kTensorOp = 0, kExactF32 = 1 };
@@ -36,13 +36,6 @@ struct GemmParams {
   int swizzle = 1;  // tile-rasterization swizzle (1, 2, 4 or 8): tiles that share operands run together
 };
 
-// Result of one launch. `stage` is nullptr on success, else the step that failed
-// ("can_implement", "initialize", "run", "launch") with a static description in `detail`.
-struct LaunchResult {
-  const char* stage = nullptr;
-  const char* detail = nullptr;
-  bool ok() const { return stage == nullptr; }
-};
 
 // Operand layouts, named for the GEMM's reduction dimension K:
 // A is K-major when A[m, k] is contiguous in k (a row-major [M, K] tensor), else M-major;

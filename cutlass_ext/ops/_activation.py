@@ -7,12 +7,12 @@ import torch.nn.functional as F
 
 # Order defines the integer code passed to the kernels; csrc/common/activation.h lists the same
 # names in the same order (a GPU test compares the two).
-ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
+ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
 
 # Activations whose backward needs the pre-activation z (saved as an auxiliary GEMM output).
 # relu's backward reads its output instead (y > 0 exactly where z > 0).
-NEEDS_PREACTIVATION = frozenset({"gelu", "gelu_tanh", "silu"})
+NEEDS_PREACTIVATION = frozenset({"gelu", "gelu_tanh", "silu", "sigmoid"})
 
 
 def resolve(relu: bool, activation: str | None, op: str) -> str:
@@ -39,6 +39,8 @@ def apply(z: torch.Tensor, activation: str) -> torch.Tensor:
         return F.gelu(z, approximate="tanh")
     if activation == "silu":
         return F.silu(z)
+    if activation == "sigmoid":
+        return torch.sigmoid(z)
     return z
 
 
@@ -52,4 +54,6 @@ def backward(grad: torch.Tensor, saved: torch.Tensor | None, activation: str) ->
         return torch.ops.aten.gelu_backward(grad, saved, approximate="none")
     if activation == "gelu_tanh":
         return torch.ops.aten.gelu_backward(grad, saved, approximate="tanh")
+    if activation == "sigmoid":
+        return torch.ops.aten.sigmoid_backward(grad, torch.sigmoid(saved))
     return torch.ops.aten.silu_backward(grad, saved)

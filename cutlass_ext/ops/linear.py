@@ -2,7 +2,7 @@
 activation-backward/bias-gradient op their backward passes use.
 
 Schemas, fake kernels, autograd and the CPU reference live here; the CUDA kernels come from the
-compiled extension (csrc/binding.cpp), which registers them when it loads on first CUDA use.
+compiled extension (csrc/bindings/gemm.cpp), which registers them when it loads on first CUDA use.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 
 from . import _activation
+from ._checks import check_dtype, check_pair, check_tensor
 from ._runtime import compute_dtype, register_cuda_loader
-
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 torch.library.define(
     "cutlass_ext::linear",
@@ -31,40 +30,14 @@ torch.library.define(
 
 
 # ------------------------------------------------------------------------------------------------
-# Argument checks (shared by the public functions; messages name the argument and the fix)
-
-
-def _check_tensor(x, name: str, op: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"cutlass_ext.{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
-
-
-def _check_pair(ref: torch.Tensor, ref_name: str, x: torch.Tensor, name: str, op: str) -> None:
-    if x.dtype != ref.dtype:
-        raise TypeError(
-            f"cutlass_ext.{op}: {name} has dtype {x.dtype} but {ref_name} has {ref.dtype}; "
-            f"cast it with {name}.to({ref_name}.dtype)"
-        )
-    if x.device != ref.device:
-        raise ValueError(
-            f"cutlass_ext.{op}: {name} is on {x.device} but {ref_name} is on {ref.device}; "
-            f"move it with {name}.to({ref_name}.device)"
-        )
-
-
-def _check_dtype(x: torch.Tensor, name: str, op: str) -> None:
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"cutlass_ext.{op}: {name} has dtype {x.dtype}; supported are float16, bfloat16 and float32 "
-            f"(cast with {name}.to(torch.bfloat16), for example)"
-        )
+# Argument checks (messages name the argument and the fix)
 
 
 def check_linear_args(A, B, bias, op: str = "linear") -> None:
-    _check_tensor(A, "A", op)
-    _check_tensor(B, "B", op)
-    _check_dtype(A, "A", op)
-    _check_pair(A, "A", B, "B", op)
+    check_tensor(A, "A", op)
+    check_tensor(B, "B", op)
+    check_dtype(A, "A", op)
+    check_pair(A, "A", B, "B", op)
     if A.dim() < 1:
         raise ValueError(f"cutlass_ext.{op}: A must have at least 1 dimension [..., K], got a 0-d tensor")
     if B.dim() != 2:
@@ -78,8 +51,8 @@ def check_linear_args(A, B, bias, op: str = "linear") -> None:
             "B must be [K, N] (for an nn.Linear weight of shape [N, K] pass weight.t())"
         )
     if bias is not None:
-        _check_tensor(bias, "bias", op)
-        _check_pair(A, "A", bias, "bias", op)
+        check_tensor(bias, "bias", op)
+        check_pair(A, "A", bias, "bias", op)
         if bias.dim() != 1 or bias.shape[0] != B.shape[1]:
             raise ValueError(
                 f"cutlass_ext.{op}: bias must have shape [N] = [{B.shape[1]}] (B's columns), "
@@ -89,10 +62,10 @@ def check_linear_args(A, B, bias, op: str = "linear") -> None:
 
 def check_matmul_args(A, B) -> None:
     op = "matmul"
-    _check_tensor(A, "A", op)
-    _check_tensor(B, "B", op)
-    _check_dtype(A, "A", op)
-    _check_pair(A, "A", B, "B", op)
+    check_tensor(A, "A", op)
+    check_tensor(B, "B", op)
+    check_dtype(A, "A", op)
+    check_pair(A, "A", B, "B", op)
     if A.dim() < 2 or B.dim() < 2:
         raise ValueError(
             f"cutlass_ext.{op}: A and B must have at least 2 dimensions ([..., M, K] and [..., K, N]), "
@@ -146,7 +119,7 @@ register_cuda_loader("linear", _linear_reference)
 
 
 # Autograd of linear for CPU tensors and for CUDA calls made before the extension is loaded; once it
-# is, CUDA tensors use LinearAutograd in csrc/binding.cpp, which mirrors these two functions in C++.
+# is, CUDA tensors use LinearAutograd in csrc/bindings/gemm.cpp, which mirrors these two functions in C++.
 def _linear_setup_context(ctx, inputs, output):
     a, b, bias, activation, save_preact = inputs
     y, aux = output
@@ -233,7 +206,7 @@ def linear(A, B, bias=None, relu=False, *, activation=None):
     A: ``[..., K]``; B: ``[K, N]`` with any strides (a row-major ``[K, N]`` tensor or ``w.t()`` of an
     ``[N, K]`` weight, neither copied); bias: ``[N]`` or None. dtypes float16/bfloat16 (tensor cores,
     fp32 accumulation) or float32 (TF32 unless ``torch.get_float32_matmul_precision() ==
-    "highest"``). ``activation`` is None, "relu", "gelu", "gelu_tanh" or "silu"; ``relu=True`` is
+    "highest"``). ``activation`` is None, "relu", "gelu", "gelu_tanh", "silu" or "sigmoid"; ``relu=True`` is
     shorthand for "relu". Returns ``[..., N]`` in A's dtype. Differentiable in A, B and bias.
     """
     act = _activation.resolve(relu, activation, "linear")

@@ -18,7 +18,7 @@ from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import DTYPES, assert_close_to_reference, fp32_precision
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
-ACTS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
+ACTS = list(_activation.ACTIVATIONS)
 
 
 def act_ref(z: torch.Tensor, act: str) -> torch.Tensor:

@@ -1,5 +1,5 @@
-// Host binding: the CUDA kernels (and the CUDA autograd of linear) of the torch.ops.cutlass_ext
-// ops, registered with the dispatcher when this library loads. It checks tensors, picks layouts
+// Host binding of the GEMM ops: the CUDA kernels (and the CUDA autograd of linear) of
+// torch.ops.cutlass_ext.linear, matmul, _act_grad and _linear_backward, registered with the dispatcher when this library loads. It checks tensors, picks layouts
 // from strides (copying only what TMA cannot read), allocates outputs and workspace from the torch
 // allocator, fills the plain params structs and launches on the current stream. Only torch's
 // device-generic headers are used (no ATen/cuda), so this file builds against any torch wheel.
@@ -22,88 +22,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bindings/common.h"
 #include "common/activation.h"
 #include "elementwise/activation_kernels.h"
 #include "gemm/gemm_params.h"
 
 namespace cutlass_ext {
 namespace {
-
-#define CE_CHECK(cond, ...) TORCH_CHECK(cond, "cutlass_ext: ", __VA_ARGS__)
-
-// ---------------------------------------------------------------------------------------------
-// Device and stream helpers (the one device-property cache)
-
-int sm_count(int device) {
-  // Read concurrently by autograd's per-device threads: one atomic slot per device.
-  static std::array<std::atomic<int>, 64> cache{};
-  CE_CHECK(device >= 0 && device < int(cache.size()), "device index ", device, " out of range");
-  int value = cache[device].load(std::memory_order_relaxed);
-  if (value == 0) {
-    const cudaError_t err = cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
-    CE_CHECK(err == cudaSuccess, "cannot query the multiprocessor count of cuda:", device, ": ",
-             cudaGetErrorString(err));
-    cache[device].store(value, std::memory_order_relaxed);
-  }
-  return value;
-}
-
-cudaStream_t current_stream(const at::Device& device) {
-  const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
-  return static_cast<cudaStream_t>(stream.native_handle());
-}
-
-// Debug aid for tests: CUTLASS_EXT_POISON_OUTPUTS=1 fills every output with NaN before the
-// kernel writes it, so an element a kernel forgets to write cannot pass a comparison.
-bool poison_outputs() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("CUTLASS_EXT_POISON_OUTPUTS");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return enabled;
-}
-
-at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  at::Tensor t = at::empty(sizes, options);
-  if (poison_outputs()) t.fill_(std::numeric_limits<float>::quiet_NaN());
-  return t;
-}
-
-void check_launch(const LaunchResult& r, const char* op, const char* kernel) {
-  CE_CHECK(r.ok(), op, ": kernel ", kernel, " failed at ", r.stage, ": ", r.detail);
-}
-
-DType dtype_of(const at::Tensor& t, const char* op, const char* arg) {
-  switch (t.scalar_type()) {
-    case at::kHalf: return DType::kF16;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kFloat: return DType::kF32;
-    default:
-      CE_CHECK(false, op, ": ", arg, " has dtype ", t.scalar_type(),
-               "; supported are float16, bfloat16 and float32");
-  }
-  return DType::kF32;
-}
-
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
-    case DType::kF32: return "f32";
-  }
-  return "?";
-}
-
-int64_t activation_code(c10::string_view name, const char* op) {
-  for (int i = 0; i < kNumActivations; ++i) {
-    if (name == kActivationNames[i]) return i;
-  }
-  CE_CHECK(false, op, ": unknown activation '", std::string(name), "'");
-  return 0;
-}
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 // ---------------------------------------------------------------------------------------------
 // Operand layouts
@@ -579,24 +504,9 @@ std::tuple<at::Tensor, at::Tensor> linear_autograd(const at::Tensor& a, const at
   return {out[0], out[1]};
 }
 
-// ---------------------------------------------------------------------------------------------
-// Introspection for cutlass_ext.info and the tests.
-
-std::vector<std::string> activation_names() {
-  return std::vector<std::string>(kActivationNames, kActivationNames + kNumActivations);
-}
-
-std::vector<std::tuple<std::string, std::string>> kernels() {
-  std::vector<std::tuple<std::string, std::string>> out;
-  for (int i = 0; i < kNumGemmKernels; ++i) out.emplace_back(kGemmKernels[i].name, kGemmKernels[i].config);
-  return out;
-}
-
 }  // namespace
 }  // namespace cutlass_ext
 
-// Loading this library registers the CUDA kernels with the dispatcher; until then (and where it
-// cannot be built) cutlass_ext/ops/_runtime.py routes CUDA calls to a loader or the reference.
 TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
   m.impl("linear", &cutlass_ext::linear_cuda);
   m.impl("matmul", &cutlass_ext::matmul_cuda);
@@ -606,10 +516,4 @@ TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
 
 TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCUDA, m) {
   m.impl("linear", &cutlass_ext::linear_autograd);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "cutlass_ext CUDA kernels (loaded by cutlass_ext on first CUDA use)";
-  m.def("activation_names", &cutlass_ext::activation_names);
-  m.def("kernels", &cutlass_ext::kernels);
 }

@@ -1,0 +1,99 @@
+// What every host binding shares: the error macro, the device-property cache, the current
+// stream, output allocation (NaN-poisoned under CUTLASS_EXT_POISON_OUTPUTS=1), dtype mapping
+// and launch-result checks. Uses only torch's device-generic headers, so it builds against any
+// torch wheel.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "common/activation.h"
+#include "common/types.h"
+
+#define CE_CHECK(cond, ...) TORCH_CHECK(cond, "cutlass_ext: ", __VA_ARGS__)
+
+namespace cutlass_ext {
+
+// ---------------------------------------------------------------------------------------------
+// Device and stream helpers (the one device-property cache)
+
+inline int sm_count(int device) {
+  // Read concurrently by autograd's per-device threads: one atomic slot per device.
+  static std::array<std::atomic<int>, 64> cache{};
+  CE_CHECK(device >= 0 && device < int(cache.size()), "device index ", device, " out of range");
+  int value = cache[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    const cudaError_t err = cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
+    CE_CHECK(err == cudaSuccess, "cannot query the multiprocessor count of cuda:", device, ": ",
+             cudaGetErrorString(err));
+    cache[device].store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+inline cudaStream_t current_stream(const at::Device& device) {
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
+  return static_cast<cudaStream_t>(stream.native_handle());
+}
+
+// Debug aid for tests: CUTLASS_EXT_POISON_OUTPUTS=1 fills every output with NaN before the
+// kernel writes it, so an element a kernel forgets to write cannot pass a comparison.
+inline bool poison_outputs() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("CUTLASS_EXT_POISON_OUTPUTS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
+inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor t = at::empty(sizes, options);
+  if (poison_outputs()) t.fill_(std::numeric_limits<float>::quiet_NaN());
+  return t;
+}
+
+inline void check_launch(const LaunchResult& r, const char* op, const char* kernel) {
+  CE_CHECK(r.ok(), op, ": kernel ", kernel, " failed at ", r.stage, ": ", r.detail);
+}
+
+inline DType dtype_of(const at::Tensor& t, const char* op, const char* arg) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kFloat: return DType::kF32;
+    default:
+      CE_CHECK(false, op, ": ", arg, " has dtype ", t.scalar_type(),
+               "; supported are float16, bfloat16 and float32");
+  }
+  return DType::kF32;
+}
+
+inline const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kF16: return "fp16";
+    case DType::kBF16: return "bf16";
+    case DType::kF32: return "f32";
+  }
+  return "?";
+}
+
+inline int64_t activation_code(c10::string_view name, const char* op) {
+  for (int i = 0; i < kNumActivations; ++i) {
+    if (name == kActivationNames[i]) return i;
+  }
+  CE_CHECK(false, op, ": unknown activation '", std::string(name), "'");
+  return 0;
+}
+
+inline int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace cutlass_ext

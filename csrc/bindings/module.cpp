@@ -1,0 +1,34 @@
+// The Python module of the extension. Its import registers every op's CUDA kernels with the
+// dispatcher (the TORCH_LIBRARY_IMPL blocks of the other binding files); until then, and where
+// it cannot be built, cutlass_ext/ops/_runtime.py routes CUDA calls to a loader or the reference.
+// Python itself only asks it what was built.
+#include <torch/extension.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/activation.h"
+#include "gemm/gemm_params.h"
+
+namespace cutlass_ext {
+namespace {
+
+std::vector<std::string> activation_names() {
+  return std::vector<std::string>(kActivationNames, kActivationNames + kNumActivations);
+}
+
+std::vector<std::tuple<std::string, std::string>> kernels() {
+  std::vector<std::tuple<std::string, std::string>> out;
+  for (int i = 0; i < kNumGemmKernels; ++i) out.emplace_back(kGemmKernels[i].name, kGemmKernels[i].config);
+  return out;
+}
+
+}  // namespace
+}  // namespace cutlass_ext
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "cutlass_ext CUDA kernels (loaded by cutlass_ext on first CUDA use)";
+  m.def("activation_names", &cutlass_ext::activation_names);
+  m.def("kernels", &cutlass_ext::kernels);
+}

@@ -1,0 +1,33 @@
+"""Argument checks shared by the public functions: each error names the argument and the fix."""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_tensor(x, name: str, op: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"cutlass_ext.{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+
+
+def check_pair(ref: torch.Tensor, ref_name: str, x: torch.Tensor, name: str, op: str) -> None:
+    if x.dtype != ref.dtype:
+        raise TypeError(
+            f"cutlass_ext.{op}: {name} has dtype {x.dtype} but {ref_name} has {ref.dtype}; "
+            f"cast it with {name}.to({ref_name}.dtype)"
+        )
+    if x.device != ref.device:
+        raise ValueError(
+            f"cutlass_ext.{op}: {name} is on {x.device} but {ref_name} is on {ref.device}; "
+            f"move it with {name}.to({ref_name}.device)"
+        )
+
+
+def check_dtype(x: torch.Tensor, name: str, op: str) -> None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"cutlass_ext.{op}: {name} has dtype {x.dtype}; supported are float16, bfloat16 and float32 "
+            f"(cast with {name}.to(torch.bfloat16), for example)"
+        )
