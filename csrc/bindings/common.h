@@ -94,6 +94,13 @@ inline int64_t activation_code(c10::string_view name, const char* op) {
   return 0;
 }
 
+// "[8, 16]": a tensor's shape for error messages.
+inline std::string shape_str(const at::Tensor& t) {
+  std::string out = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
+  return out + "]";
+}
+
 inline int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace cutlass_ext

@@ -1,0 +1,686 @@
+#include "elementwise/layer_norm_kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/activation.h"
+#include "common/counter_rng.h"
+#include "common/device_utils.cuh"
+
+namespace cutlass_ext {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Kernel choice, by row length in vectors (nv = ceil(cols / kVec), kVec = 16 bytes of elements on
+// the vector path, 1 on the scalar path). A row is held in registers by kTpr threads, kVecs
+// vectors each, so it is read from memory once:
+//   nv <= 4, 8, 16, 32     kTpr = 4, 8, 16, 32, kVecs = 1   several rows per 256-thread block
+//   nv <= 64               kTpr = 32, kVecs = 2            a warp per row (bf16 C = 512: 8 rows/block)
+//   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 rows per 256-thread block
+//   nv <= 1024             kTpr = 512, kVecs = 2           a 512-thread block per row (bf16 C <= 8192)
+//   longer rows            a 512-thread block per row, two passes over the row (the second mostly
+//                          from L2); statistics by exact per-vector moments combined with Chan's
+//                          formula, so a large mean does not cancel the variance.
+// At most 2 vectors (16 elements) per thread: the backward keeps xhat, dy and the dweight/dbias
+// accumulators for each, and stays well under the 128 registers a 512-thread block allows.
+
+template <int kVecs_, int kTpr_, int kThreads_>
+struct RowConfig {
+  static constexpr int kVecs = kVecs_, kTpr = kTpr_, kThreads = kThreads_;
+  static constexpr int kRowsPerBlock = kThreads / kTpr;
+};
+
+// Calls fn(RowConfig<...>{}) with the row-in-registers configuration for rows of nv vectors;
+// returns false when the row is too long for one.
+template <class Fn>
+bool with_row_config(int64_t nv, Fn&& fn) {
+  if (nv <= 4) return fn(RowConfig<1, 4, 256>{}), true;
+  if (nv <= 8) return fn(RowConfig<1, 8, 256>{}), true;
+  if (nv <= 16) return fn(RowConfig<1, 16, 256>{}), true;
+  if (nv <= 32) return fn(RowConfig<1, 32, 256>{}), true;
+  if (nv <= 64) return fn(RowConfig<2, 32, 256>{}), true;
+  if (nv <= 128) return fn(RowConfig<2, 64, 256>{}), true;
+  if (nv <= 256) return fn(RowConfig<2, 128, 256>{}), true;
+  if (nv <= 512) return fn(RowConfig<2, 256, 256>{}), true;
+  if (nv <= 1024) return fn(RowConfig<2, 512, 512>{}), true;
+  return false;
+}
+
+constexpr int kLongThreads = 512;
+constexpr int kColThreadsX = 32, kColThreadsY = 8;  // the long path's dweight/dbias column kernel
+constexpr int kFinalizeThreadsY = 16;
+
+int vec_width_of(DType dtype) { return dtype == DType::kF32 ? 4 : 8; }
+
+bool vector_ok(const void* ptr, int64_t ld, int vec) { return ptr == nullptr || (aligned16(ptr) && ld % vec == 0); }
+
+bool forward_vectorizable(LayerNormParams const& p) {
+  const int vec = vec_width_of(p.dtype);
+  return p.cols % vec == 0 && vector_ok(p.x, p.x_ld, vec) && vector_ok(p.y, p.y_ld, vec) &&
+         vector_ok(p.weight, 0, vec) && vector_ok(p.bias, 0, vec);
+}
+
+bool backward_vectorizable(LayerNormBackwardParams const& p) {
+  const int vec = vec_width_of(p.dtype);
+  return p.cols % vec == 0 && vector_ok(p.grad, p.grad_ld, vec) && vector_ok(p.x, p.x_ld, vec) &&
+         vector_ok(p.grad_x, p.grad_x_ld, vec) && vector_ok(p.weight, 0, vec);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers
+
+template <class T, int kVec>
+__device__ __forceinline__ void load_vec(const T* ptr, float (&out)[kVec]) {
+  const Pack<T, kVec> pk = *reinterpret_cast<const Pack<T, kVec>*>(ptr);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out[j] = float(pk.v[j]);
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void store_vec(T* ptr, const float (&in)[kVec]) {
+  Pack<T, kVec> pk;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) pk.v[j] = T(in[j]);
+  *reinterpret_cast<Pack<T, kVec>*>(ptr) = pk;
+}
+
+// weight (or 1) and bias (or 0) of kVec columns.
+template <class T, int kVec>
+__device__ __forceinline__ void load_affine(const void* weight, const void* bias, int64_t col, float (&w)[kVec],
+                                            float (&b)[kVec]) {
+  if (weight != nullptr) {
+    load_vec<T, kVec>(static_cast<const T*>(weight) + col, w);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) w[j] = 1.f;
+  }
+  if (bias != nullptr) {
+    load_vec<T, kVec>(static_cast<const T*>(bias) + col, b);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) b[j] = 0.f;
+  }
+}
+
+// Dropout of kVec adjacent elements numbered index, index + 1, ... (in place).
+struct Dropout {
+  CounterRng rng;
+  uint64_t threshold;
+  float scale;
+  bool on;
+
+  __device__ explicit Dropout(DropoutParams const& d)
+      : rng(d.seed != nullptr ? uint64_t(*d.seed) : 0), threshold(d.keep_threshold), scale(d.keep_scale),
+        on(d.seed != nullptr) {}
+
+  template <int kVec>
+  __device__ __forceinline__ void apply(float (&v)[kVec], uint64_t index) const {
+    const uint32_t hi = uint32_t(index >> 32);
+    const uint32_t high = rng.high_key(hi);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const uint64_t i = index + j;
+      const uint32_t h = uint32_t(i >> 32) == hi ? high : rng.high_key(uint32_t(i >> 32));
+      v[j] = uint64_t(rng.bits_low(uint32_t(i), h)) >= threshold ? v[j] * scale : 0.f;
+    }
+  }
+};
+
+// Sum over the kTpr threads that share a row (kTpr consecutive threads). Every thread of the block
+// must call it (kTpr > 32 synchronizes the block); `scratch` holds one float per warp. Sums are
+// added in a fixed order, so every thread of a group gets the same bits.
+template <int kTpr>
+__device__ __forceinline__ float group_sum(float v, float* scratch) {
+  if constexpr (kTpr <= 32) {
+#pragma unroll
+    for (int offset = kTpr / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  } else {
+    constexpr int kWarps = kTpr / 32;
+    v = warp_sum(v);
+    const int warp = threadIdx.x >> 5;
+    __syncthreads();  // scratch may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) scratch[warp] = v;
+    __syncthreads();
+    const int first = warp / kWarps * kWarps;
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += scratch[first + w];
+    return total;
+  }
+}
+
+// Count, mean and sum of squared deviations of a set of values; merged with Chan's formula.
+struct Moments {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ Moments merge(Moments a, Moments b) {
+  const float n = a.n + b.n;
+  if (b.n == 0.f) return a;
+  if (a.n == 0.f) return b;
+  const float delta = b.mean - a.mean;
+  const float wb = b.n / n;
+  return {n, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.n * wb};
+}
+
+// Moments of the whole block, returned to every thread (merged in a fixed order).
+template <int kThreads>
+__device__ Moments block_moments(Moments m) {
+  __shared__ Moments warp_moments[kThreads / 32];
+  __shared__ Moments total;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const Moments other{__shfl_down_sync(0xffffffffu, m.n, offset), __shfl_down_sync(0xffffffffu, m.mean, offset),
+                        __shfl_down_sync(0xffffffffu, m.m2, offset)};
+    m = merge(m, other);
+  }
+  if ((threadIdx.x & 31) == 0) warp_moments[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Moments t = warp_moments[0];
+    for (int w = 1; w < kThreads / 32; ++w) t = merge(t, warp_moments[w]);
+    total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+template <class T, int kVec>
+__device__ __forceinline__ void normalize_store(LayerNormParams const& p, Dropout const& drop, int64_t row,
+                                                int64_t col, float (&h)[kVec], float mean, float rstd) {
+  float w[kVec], b[kVec];
+  load_affine<T, kVec>(p.weight, p.bias, col, w, b);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) h[j] = (h[j] - mean) * rstd * w[j] + b[j];
+  if (drop.on) drop.apply<kVec>(h, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
+  store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_ld + col, h);
+}
+
+// Rows held in registers: kTpr threads per row, exact two-pass statistics over the registers.
+// The grid is at most a few waves and each block walks rows, so every thread loads its columns'
+// weight and bias once: reloading them for every row tripled the load traffic through L1/L2.
+template <class T, int kVec, int kVecs, int kTpr, int kThreads>
+__global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNormParams p) {
+  constexpr int kRowsPerBlock = kThreads / kTpr;
+  __shared__ float scratch[kThreads / 32];
+  const int lane = threadIdx.x % kTpr;
+  const int64_t cols = p.cols;
+  float w[kVecs][kVec], b[kVecs][kVec];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+    if (col < cols) load_affine<T, kVec>(p.weight, p.bias, col, w[i], b[i]);
+  }
+  const Dropout drop(p.dropout);
+
+  // Software pipelining: the next row's loads are issued before this row's reductions, so a
+  // thread keeps two rows of loads in flight instead of stalling on every row's round trip.
+  using P = Pack<T, kVec>;
+  const int64_t step = int64_t(gridDim.x) * kRowsPerBlock;
+  auto load_row = [&](int64_t row, P (&raw)[kVecs]) {
+    if (row >= p.rows) return;
+    const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+      if (col < cols) raw[i] = *reinterpret_cast<const P*>(x + col);
+    }
+  };
+  P next[kVecs];
+  load_row(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr, next);
+
+  // The loop bound is uniform across the block: group_sum may synchronize it.
+  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows; first += step) {
+    const int64_t row = first + threadIdx.x / kTpr;
+    const bool row_ok = row < p.rows;
+    float h[kVecs][kVec];
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+      if (row_ok && col < cols) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          h[i][j] = float(next[i].v[j]);
+          if (p.relu) h[i][j] = act::relu(h[i][j]);
+          sum += h[i][j];
+        }
+      }
+    }
+    load_row(row + step, next);
+    const float mean = group_sum<kTpr>(sum, scratch) / float(cols);
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+      if (row_ok && col < cols) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = h[i][j] - mean;
+          sq += d * d;
+        }
+      }
+    }
+    const float rstd = rsqrtf(group_sum<kTpr>(sq, scratch) / float(cols) + p.eps);
+    if (!row_ok) continue;  // after the row's last group reduction
+    if (lane == 0) {
+      p.mean[row] = mean;
+      p.rstd[row] = rstd;
+    }
+    T* y = static_cast<T*>(p.y) + row * p.y_ld;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+      if (col < cols) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) h[i][j] = (h[i][j] - mean) * rstd * w[i][j] + b[i][j];
+        if (drop.on) drop.apply<kVec>(h[i], uint64_t(row) * uint64_t(cols) + uint64_t(col));
+        store_vec<T, kVec>(y + col, h[i]);
+      }
+    }
+  }
+}
+
+// Rows too long for registers: a block per row, statistics pass then normalize pass.
+template <class T, int kVec, int kThreads>
+__global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNormParams p) {
+  const int64_t row = blockIdx.x;
+  const int64_t cols = p.cols;
+  const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
+
+  Moments m{0.f, 0.f, 0.f};
+  for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
+    float h[kVec];
+    load_vec<T, kVec>(x + col, h);
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if (p.relu) h[j] = act::relu(h[j]);
+      s += h[j];
+    }
+    const float vmean = s / float(kVec);
+    float vm2 = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) vm2 += (h[j] - vmean) * (h[j] - vmean);
+    m = merge(m, Moments{float(kVec), vmean, vm2});
+  }
+  m = block_moments<kThreads>(m);
+  const float mean = m.mean;
+  const float rstd = rsqrtf(m.m2 / float(cols) + p.eps);
+  if (threadIdx.x == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+  const Dropout drop(p.dropout);
+  for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
+    float h[kVec];
+    load_vec<T, kVec>(x + col, h);
+    if (p.relu) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) h[j] = act::relu(h[j]);
+    }
+    normalize_store<T, kVec>(p, drop, row, col, h, mean, rstd);
+  }
+}
+
+template <class T, int kVec>
+void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
+  const int64_t nv = (p.cols + kVec - 1) / kVec;
+  const bool in_registers = with_row_config(nv, [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    // Up to four waves of full-occupancy blocks (2048 threads per SM); each block walks rows.
+    const int64_t waves = 4 * int64_t(std::max(p.sm_count, 1)) * (2048 / Cfg::kThreads);
+    const int64_t blocks = std::min((p.rows + Cfg::kRowsPerBlock - 1) / Cfg::kRowsPerBlock, waves);
+    layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
+        <<<unsigned(blocks), Cfg::kThreads, 0, stream>>>(p);
+  });
+  if (!in_registers) {
+    layer_norm_fwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+  }
+}
+
+template <class T>
+struct ForwardFn {
+  void operator()(LayerNormParams const& p, cudaStream_t stream) const {
+    constexpr int kVec = vec_width<T>();
+    if (forward_vectorizable(p)) {
+      launch_forward_vec<T, kVec>(p, stream);
+    } else {
+      launch_forward_vec<T, 1>(p, stream);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+// dy after dropout's backward, and xhat, of kVec elements; `positive` gets bit `bit + j` set where
+// x > 0 (relu's derivative).
+template <class T, int kVec>
+__device__ __forceinline__ void load_backward_inputs(LayerNormBackwardParams const& p, Dropout const& drop,
+                                                     int64_t row, int64_t col, float mean, float rstd,
+                                                     float (&g)[kVec], float (&xhat)[kVec], uint32_t& positive,
+                                                     int bit) {
+  load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_ld + col, xhat);
+  load_vec<T, kVec>(static_cast<const T*>(p.grad) + row * p.grad_ld + col, g);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    float h = xhat[j];
+    if (p.relu) {
+      positive |= uint32_t(h > 0.f) << (bit + j);
+      h = act::relu(h);
+    }
+    xhat[j] = (h - mean) * rstd;
+  }
+  if (drop.on) drop.apply<kVec>(g, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
+}
+
+// Writes the block's fp32 column partials acc[c] into workspace row `part` of plane `plane`
+// ([2, parts, cols]: dweight's partials, then dbias's). Groups of one block add in a fixed order
+// through shared memory.
+template <int kVec, int kVecs, int kTpr, int kThreads>
+__device__ __forceinline__ void write_column_partials(LayerNormBackwardParams const& p, int plane,
+                                                      const float (&acc)[kVecs][kVec], float* buf) {
+  constexpr int kRowsPerBlock = kThreads / kTpr;
+  constexpr int kCapacity = kTpr * kVecs * kVec;
+  const int lane = threadIdx.x % kTpr;
+  float* out = p.workspace + (int64_t(plane) * gridDim.x + blockIdx.x) * p.cols;
+  if constexpr (kRowsPerBlock == 1) {
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (col + j < p.cols) out[col + j] = acc[i][j];
+      }
+    }
+  } else {
+    const int group = threadIdx.x / kTpr;
+    __syncthreads();  // buf may still be read for the previous plane
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) buf[group * kCapacity + (i * kTpr + lane) * kVec + j] = acc[i][j];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < p.cols; c += kThreads) {
+      float total = 0.f;
+#pragma unroll
+      for (int r = 0; r < kRowsPerBlock; ++r) total += buf[r * kCapacity + c];
+      out[c] = total;
+    }
+  }
+}
+
+// Rows held in registers; the grid strides over rows so that dweight/dbias have one partial row
+// per block.
+template <class T, int kVec, int kVecs, int kTpr, int kThreads>
+__global__ void __launch_bounds__(kThreads) layer_norm_bwd_rows_kernel(LayerNormBackwardParams p) {
+  constexpr int kRowsPerBlock = kThreads / kTpr;
+  constexpr int kBufFloats = kRowsPerBlock > 1 ? kThreads * kVecs * kVec : 1;
+  static_assert(kVecs * kVec <= 32, "the relu mask holds 32 elements per thread");
+  __shared__ float scratch[kThreads / 32];
+  __shared__ float buf[kBufFloats];
+  const int lane = threadIdx.x % kTpr;
+  const int64_t cols = p.cols;
+  const bool need_columns = p.grad_weight != nullptr || p.grad_bias != nullptr;
+  const Dropout drop(p.dropout);
+
+  float acc_w[kVecs][kVec], acc_b[kVecs][kVec];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc_w[i][j] = acc_b[i][j] = 0.f;
+  }
+
+  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows;
+       first += int64_t(gridDim.x) * kRowsPerBlock) {
+    const int64_t row = first + threadIdx.x / kTpr;
+    const bool row_ok = row < p.rows;
+    const float mean = row_ok ? p.mean[row] : 0.f;
+    const float rstd = row_ok ? p.rstd[row] : 0.f;
+    float g[kVecs][kVec], xhat[kVecs][kVec];
+    uint32_t positive = 0;
+    float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+      if (row_ok && col < cols) {
+        load_backward_inputs<T, kVec>(p, drop, row, col, mean, rstd, g[i], xhat[i], positive, i * kVec);
+        float w[kVec], unused[kVec];
+        load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float dxhat = __fmul_rn(g[i][j], w[j]);  // rounded as in the dx formula below
+          sum_dxhat += dxhat;
+          sum_dxhat_xhat += dxhat * xhat[i][j];
+          acc_w[i][j] += g[i][j] * xhat[i][j];
+          acc_b[i][j] += g[i][j];
+        }
+      }
+    }
+    if (p.grad_x == nullptr) continue;  // uniform: the same for every thread
+    const float a = group_sum<kTpr>(sum_dxhat, scratch) / float(cols);
+    const float b = group_sum<kTpr>(sum_dxhat_xhat, scratch) / float(cols);
+    if (!row_ok) continue;
+    T* dx = static_cast<T*>(p.grad_x) + row * p.grad_x_ld;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+      if (col < cols) {
+        float w[kVec], unused[kVec], out[kVec];
+        load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          // __fmul_rn: no FMA contraction into the subtraction, so that for C = 1 (where
+          // a == g * w exactly and xhat == 0) dx is exactly 0, as the math says.
+          out[j] = rstd * (__fmul_rn(g[i][j], w[j]) - a - xhat[i][j] * b);
+          if (p.relu && !((positive >> (i * kVec + j)) & 1u)) out[j] = 0.f;
+        }
+        store_vec<T, kVec>(dx + col, out);
+      }
+    }
+  }
+  if (!need_columns) return;
+  write_column_partials<kVec, kVecs, kTpr, kThreads>(p, 0, acc_w, buf);
+  write_column_partials<kVec, kVecs, kTpr, kThreads>(p, 1, acc_b, buf);
+}
+
+// Rows too long for registers, dx only: a block per row, the two row sums, then dx.
+template <class T, int kVec, int kThreads>
+__global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNormBackwardParams p) {
+  __shared__ float scratch[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int64_t cols = p.cols;
+  const float mean = p.mean[row], rstd = p.rstd[row];
+  const Dropout drop(p.dropout);
+  float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
+  for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
+    float g[kVec], xhat[kVec], w[kVec], unused[kVec];
+    uint32_t positive = 0;
+    load_backward_inputs<T, kVec>(p, drop, row, col, mean, rstd, g, xhat, positive, 0);
+    load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float dxhat = __fmul_rn(g[j], w[j]);
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += dxhat * xhat[j];
+    }
+  }
+  const float a = block_sum(sum_dxhat, scratch) / float(cols);
+  const float b = block_sum(sum_dxhat_xhat, scratch) / float(cols);
+  T* dx = static_cast<T*>(p.grad_x) + row * p.grad_x_ld;
+  for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
+    float g[kVec], xhat[kVec], w[kVec], unused[kVec], out[kVec];
+    uint32_t positive = 0;
+    load_backward_inputs<T, kVec>(p, drop, row, col, mean, rstd, g, xhat, positive, 0);
+    load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      out[j] = rstd * (__fmul_rn(g[j], w[j]) - a - xhat[j] * b);
+      if (p.relu && !((positive >> j) & 1u)) out[j] = 0.f;
+    }
+    store_vec<T, kVec>(dx + col, out);
+  }
+}
+
+// dweight/dbias partials of long rows: column tiles of kColThreadsX * kVec, blockIdx.y a row split.
+template <class T, int kVec>
+__global__ void __launch_bounds__(kColThreadsX* kColThreadsY)
+layer_norm_bwd_columns_kernel(LayerNormBackwardParams p, int64_t rows_per_split) {
+  __shared__ float sums[kColThreadsY][kColThreadsX * kVec];
+  const int64_t col = (int64_t(blockIdx.x) * kColThreadsX + threadIdx.x) * kVec;
+  const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
+  const int64_t row_end = min(p.rows, row_begin + rows_per_split);
+  const Dropout drop(p.dropout);
+  float acc_w[kVec], acc_b[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc_w[j] = acc_b[j] = 0.f;
+  if (col < p.cols) {
+    for (int64_t row = row_begin + threadIdx.y; row < row_end; row += kColThreadsY) {
+      float g[kVec], xhat[kVec];
+      uint32_t positive = 0;
+      load_backward_inputs<T, kVec>(p, drop, row, col, p.mean[row], p.rstd[row], g, xhat, positive, 0);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        acc_w[j] += g[j] * xhat[j];
+        acc_b[j] += g[j];
+      }
+    }
+  }
+  for (int plane = 0; plane < 2; ++plane) {
+    __syncthreads();  // sums may still be read for the previous plane
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sums[threadIdx.y][threadIdx.x * kVec + j] = plane == 0 ? acc_w[j] : acc_b[j];
+    __syncthreads();
+    if (threadIdx.y != 0 || col >= p.cols) continue;
+    float* out = p.workspace + (int64_t(plane) * gridDim.y + blockIdx.y) * p.cols;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float total = 0.f;
+#pragma unroll
+      for (int y = 0; y < kColThreadsY; ++y) total += sums[y][threadIdx.x * kVec + j];
+      out[col + j] = total;
+    }
+  }
+}
+
+// dweight[c] and dbias[c]: the workspace's partial rows added in a fixed order.
+template <class T>
+__global__ void __launch_bounds__(32 * kFinalizeThreadsY)
+layer_norm_column_finalize_kernel(const float* partials, int64_t parts, int64_t cols, T* grad_weight, T* grad_bias) {
+  __shared__ float sums[kFinalizeThreadsY][33];
+  const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  for (int plane = 0; plane < 2; ++plane) {
+    T* out = plane == 0 ? grad_weight : grad_bias;
+    if (out == nullptr) continue;  // uniform over the block
+    const float* in = partials + int64_t(plane) * parts * cols;
+    float total = 0.f;
+    if (col < cols) {
+      for (int64_t s = threadIdx.y; s < parts; s += kFinalizeThreadsY) total += in[s * cols + col];
+    }
+    __syncthreads();  // sums may still be read for the previous plane
+    sums[threadIdx.y][threadIdx.x] = total;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+      float t = 0.f;
+#pragma unroll
+      for (int y = 0; y < kFinalizeThreadsY; ++y) t += sums[y][threadIdx.x];
+      out[col] = T(t);
+    }
+  }
+}
+
+// How the backward runs: its kernels' shapes and the number of partial rows of dweight/dbias.
+struct BackwardPlan {
+  int vec = 1;
+  bool in_registers = false;
+  int64_t blocks = 0;      // rows kernel: grid size (= partial rows)
+  int64_t splits = 0;      // long rows: row splits of the column kernel (= partial rows)
+  int64_t col_blocks = 0;  // long rows: column tiles of the column kernel
+};
+
+BackwardPlan plan_backward(LayerNormBackwardParams const& p) {
+  BackwardPlan plan;
+  plan.vec = backward_vectorizable(p) ? vec_width_of(p.dtype) : 1;
+  const int64_t nv = (p.cols + plan.vec - 1) / plan.vec;
+  plan.in_registers = with_row_config(nv, [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    // About the blocks that fit at once (~100 registers a thread on the 16-bit vector path): a
+    // single wave, and few partial rows to add.
+    const int64_t resident = int64_t(std::max(p.sm_count, 1)) * (1024 / Cfg::kThreads);
+    plan.blocks = std::min((p.rows + Cfg::kRowsPerBlock - 1) / Cfg::kRowsPerBlock, resident);
+  });
+  if (!plan.in_registers) {
+    plan.col_blocks = (p.cols + kColThreadsX * plan.vec - 1) / (kColThreadsX * plan.vec);
+    const int64_t target = 4 * int64_t(std::max(p.sm_count, 1));
+    const int64_t max_splits = std::max<int64_t>(1, p.rows / 32);
+    plan.splits = std::clamp<int64_t>((target + plan.col_blocks - 1) / plan.col_blocks, 1, std::min<int64_t>(max_splits, 65535));
+  }
+  return plan;
+}
+
+template <class T, int kVec>
+void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& plan, cudaStream_t stream) {
+  const bool need_columns = p.grad_weight != nullptr || p.grad_bias != nullptr;
+  const int64_t nv = (p.cols + kVec - 1) / kVec;
+  with_row_config(nv, [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
+        <<<unsigned(plan.blocks), Cfg::kThreads, 0, stream>>>(p);
+  });
+  int64_t parts = plan.blocks;
+  if (!plan.in_registers) {
+    if (p.grad_x != nullptr) {
+      layer_norm_bwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+    }
+    if (need_columns) {
+      const int64_t rows_per_split = (p.rows + plan.splits - 1) / plan.splits;
+      const dim3 grid(unsigned(plan.col_blocks), unsigned(plan.splits));
+      layer_norm_bwd_columns_kernel<T, kVec><<<grid, dim3(kColThreadsX, kColThreadsY), 0, stream>>>(p, rows_per_split);
+    }
+    parts = plan.splits;
+  }
+  if (need_columns) {
+    const unsigned blocks = unsigned((p.cols + 31) / 32);
+    layer_norm_column_finalize_kernel<T><<<blocks, dim3(32, kFinalizeThreadsY), 0, stream>>>(
+        p.workspace, parts, p.cols, static_cast<T*>(p.grad_weight), static_cast<T*>(p.grad_bias));
+  }
+}
+
+template <class T>
+struct BackwardFn {
+  void operator()(LayerNormBackwardParams const& p, cudaStream_t stream) const {
+    const BackwardPlan plan = plan_backward(p);
+    if (plan.vec > 1) {
+      launch_backward_vec<T, vec_width<T>()>(p, plan, stream);
+    } else {
+      launch_backward_vec<T, 1>(p, plan, stream);
+    }
+  }
+};
+
+}  // namespace
+
+LaunchResult layer_norm_forward(LayerNormParams const& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return {};
+  return dispatch_dtype<ForwardFn>(p, stream);
+}
+
+int64_t layer_norm_backward_workspace(LayerNormBackwardParams const& p) {
+  if ((p.grad_weight == nullptr && p.grad_bias == nullptr) || p.rows == 0 || p.cols == 0) return 0;
+  const BackwardPlan plan = plan_backward(p);
+  return 2 * (plan.in_registers ? plan.blocks : plan.splits) * p.cols;
+}
+
+LaunchResult layer_norm_backward(LayerNormBackwardParams const& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return {};
+  if (p.grad_x == nullptr && p.grad_weight == nullptr && p.grad_bias == nullptr) return {};
+  return dispatch_dtype<BackwardFn>(p, stream);
+}
+
+}  // namespace cutlass_ext

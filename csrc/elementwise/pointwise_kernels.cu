@@ -1,0 +1,350 @@
+#include "elementwise/pointwise_kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/activation.h"
+#include "common/device_utils.cuh"
+#include "elementwise/reduce_kernels.h"
+
+namespace cutlass_ext {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kForwardUnroll = 4;      // rows per thread whose loads are in flight together
+constexpr int kBackwardUnroll = 2;     // (the backward already streams 2-3 inputs per row)
+constexpr int kBackwardBlocksPerSm = 4;
+constexpr int kMinRowsPerSplit = 32;
+
+template <class T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, kVec>*>(p);
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void store_pack(T* p, Pack<T, kVec> const& v) {
+  *reinterpret_cast<Pack<T, kVec>*>(p) = v;
+}
+
+// Calls f(std::integral_constant<int, code>{}) so each activation gets its own kernel.
+template <class F>
+void dispatch_activation(int code, F&& f) {
+  switch (code) {
+    case int(Activation::kRelu): return f(std::integral_constant<int, int(Activation::kRelu)>{});
+    case int(Activation::kGelu): return f(std::integral_constant<int, int(Activation::kGelu)>{});
+    case int(Activation::kGeluTanh): return f(std::integral_constant<int, int(Activation::kGeluTanh)>{});
+    case int(Activation::kSilu): return f(std::integral_constant<int, int(Activation::kSilu)>{});
+    case int(Activation::kSigmoid): return f(std::integral_constant<int, int(Activation::kSigmoid)>{});
+    default: return f(std::integral_constant<int, int(Activation::kNone)>{});
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks of kThreads threads of `kernel` resident per SM: grid-stride kernels launch exactly one
+// wave (sm_count times this), so no partial last wave idles the GPU.
+template <class Kernel>
+int resident_blocks_per_sm(Kernel kernel) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) != cudaSuccess) blocks = 1;
+  return std::max(blocks, 1);
+}
+
+// Threads of a 256-thread block across columns (each owns kVec adjacent columns); the rest of the
+// block spans rows. Narrow matrices get fewer column threads, so no warp idles on short rows.
+dim3 column_block(int64_t col_vecs) {
+  int tx = 1;
+  while (tx < 32 && tx < col_vecs) tx *= 2;
+  return dim3(unsigned(tx), unsigned(kThreads / tx));
+}
+
+// ------------------------------------------------------------------------------------------------
+// bias_act forward
+
+// kN rows r, r + step, ..., of one thread's column chunk: every load is issued before any math.
+template <int kN, int kAct, class T, int kVec>
+__device__ __forceinline__ void bias_act_rows(BiasActParams const& p, const T* __restrict__ x,
+                                              const T* __restrict__ res, T* __restrict__ y, const float* b,
+                                              int64_t r, int64_t step) {
+  Pack<T, kVec> xv[kN], rv[kN];
+#pragma unroll
+  for (int u = 0; u < kN; ++u) xv[u] = load_pack<T, kVec>(x + (r + u * step) * p.x_ld);
+  if (res != nullptr) {
+#pragma unroll
+    for (int u = 0; u < kN; ++u) rv[u] = load_pack<T, kVec>(res + (r + u * step) * p.residual_ld);
+  }
+#pragma unroll
+  for (int u = 0; u < kN; ++u) {
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float z = fmaf(p.scale, float(xv[u].v[i]), b[i]);
+      if (res != nullptr) z += float(rv[u].v[i]);
+      out.v[i] = T(act::forward(kAct, z));
+    }
+    store_pack<T, kVec>(y + (r + u * step) * p.cols, out);
+  }
+}
+
+template <class T, int kVec, int kAct>
+__global__ void __launch_bounds__(kThreads) bias_act_forward_kernel(BiasActParams p) {
+  const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (col >= p.cols) return;
+  const T* x = static_cast<const T*>(p.x) + col;
+  const T* res = p.residual != nullptr ? static_cast<const T*>(p.residual) + col : nullptr;
+  T* y = static_cast<T*>(p.y) + col;
+  float b[kVec];
+  if (p.bias != nullptr) {
+    const Pack<T, kVec> bv = load_pack<T, kVec>(static_cast<const T*>(p.bias) + col);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) b[i] = float(bv.v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) b[i] = 0.f;
+  }
+  const int64_t step = int64_t(gridDim.y) * blockDim.y;
+  int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  // (Unrolling the 2-byte scalar path further makes ptxas spill for gelu_tanh.)
+  constexpr int kUnroll = kVec == 1 ? 2 : kForwardUnroll;
+  for (; r + (kUnroll - 1) * step < p.rows; r += kUnroll * step) {
+    bias_act_rows<kUnroll, kAct, T, kVec>(p, x, res, y, b, r, step);
+  }
+  for (; r < p.rows; r += step) bias_act_rows<1, kAct, T, kVec>(p, x, res, y, b, r, step);
+}
+
+template <class T, int kVec>
+void launch_bias_act_forward_vec(BiasActParams const& p, cudaStream_t stream) {
+  const dim3 block = column_block(p.cols / kVec);
+  const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
+  dispatch_activation(p.activation, [&](auto kind) {
+    constexpr auto kernel = bias_act_forward_kernel<T, kVec, decltype(kind)::value>;
+    static const int per_sm = resident_blocks_per_sm(kernel);
+    const int64_t fill = ceil_div(int64_t(per_sm) * std::max(p.sm_count, 1), col_blocks);
+    const int64_t row_blocks = std::max<int64_t>(1, std::min({ceil_div(p.rows, block.y), fill, int64_t(65535)}));
+    kernel<<<dim3{unsigned(col_blocks), unsigned(row_blocks)}, block, 0, stream>>>(p);
+  });
+}
+
+template <class T>
+struct BiasActForwardFn {
+  void operator()(BiasActParams const& p, cudaStream_t stream) const {
+    constexpr int kVec = vec_width<T>();
+    const bool vectorizable = p.cols % kVec == 0 && aligned16(p.x) && p.x_ld % kVec == 0 && aligned16(p.y) &&
+                              (p.bias == nullptr || aligned16(p.bias)) &&
+                              (p.residual == nullptr || (aligned16(p.residual) && p.residual_ld % kVec == 0));
+    if (vectorizable) {
+      launch_bias_act_forward_vec<T, kVec>(p, stream);
+    } else {
+      launch_bias_act_forward_vec<T, 1>(p, stream);
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// bias_act backward
+
+template <int kN, int kAct, class T, int kVec>
+__device__ __forceinline__ void bias_act_backward_rows(BiasActBackwardParams const& p, int64_t col, const float* b,
+                                                       int64_t r, int64_t step, float* acc) {
+  constexpr bool kNeedZ = kAct != int(Activation::kNone);
+  const T* __restrict__ grad = static_cast<const T*>(p.grad) + col;
+  const T* __restrict__ x = static_cast<const T*>(p.x) + col;
+  const T* __restrict__ res = p.residual != nullptr ? static_cast<const T*>(p.residual) + col : nullptr;
+  Pack<T, kVec> gv[kN], xv[kN], rv[kN];
+#pragma unroll
+  for (int u = 0; u < kN; ++u) gv[u] = load_pack<T, kVec>(grad + (r + u * step) * p.grad_ld);
+  if constexpr (kNeedZ) {
+#pragma unroll
+    for (int u = 0; u < kN; ++u) xv[u] = load_pack<T, kVec>(x + (r + u * step) * p.x_ld);
+    if (res != nullptr) {
+#pragma unroll
+      for (int u = 0; u < kN; ++u) rv[u] = load_pack<T, kVec>(res + (r + u * step) * p.residual_ld);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kN; ++u) {
+    Pack<T, kVec> dx, dres;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float z = 0.f;
+      if constexpr (kNeedZ) {
+        z = fmaf(p.scale, float(xv[u].v[i]), b[i]);
+        if (res != nullptr) z += float(rv[u].v[i]);
+      }
+      // relu's backward tests saved > 0, which holds for z exactly where it holds for y.
+      const float dz = act::backward(kAct, float(gv[u].v[i]), z);
+      acc[i] += dz;
+      dx.v[i] = T(p.scale * dz);
+      dres.v[i] = T(dz);
+    }
+    const int64_t offset = (r + u * step) * p.cols + col;
+    if (p.grad_x != nullptr) store_pack<T, kVec>(static_cast<T*>(p.grad_x) + offset, dx);
+    if (p.grad_residual != nullptr) store_pack<T, kVec>(static_cast<T*>(p.grad_residual) + offset, dres);
+  }
+}
+
+template <class T, int kVec, int kAct>
+__global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBackwardParams p, int64_t rows_per_split) {
+  __shared__ float sums[kThreads * kVec];
+  const int tx = blockDim.x, ty = blockDim.y;
+  const int64_t col = (int64_t(blockIdx.x) * tx + threadIdx.x) * kVec;
+  const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
+  const int64_t row_end = min(p.rows, row_begin + rows_per_split);
+
+  float acc[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
+  if (col < p.cols) {
+    float b[kVec];
+    if (kAct != int(Activation::kNone) && p.bias != nullptr) {
+      const Pack<T, kVec> bv = load_pack<T, kVec>(static_cast<const T*>(p.bias) + col);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) b[i] = float(bv.v[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) b[i] = 0.f;
+    }
+    int64_t r = row_begin + threadIdx.y;
+    for (; r + (kBackwardUnroll - 1) * ty < row_end; r += kBackwardUnroll * ty) {
+      bias_act_backward_rows<kBackwardUnroll, kAct, T, kVec>(p, col, b, r, ty, acc);
+    }
+    for (; r < row_end; r += ty) bias_act_backward_rows<1, kAct, T, kVec>(p, col, b, r, ty, acc);
+  }
+  if (p.grad_bias == nullptr) return;
+
+  // Column sums of the block: thread row 0 adds the ty partial sums in a fixed order.
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) sums[(threadIdx.y * kVec + i) * tx + threadIdx.x] = acc[i];
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= p.cols) return;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    float total = 0.f;
+    for (int y = 0; y < ty; ++y) total += sums[(y * kVec + i) * tx + threadIdx.x];
+    if (p.row_splits == 1) {
+      static_cast<T*>(p.grad_bias)[col + i] = T(total);
+    } else {
+      p.partials[int64_t(blockIdx.y) * p.cols + col + i] = total;
+    }
+  }
+}
+
+template <class T, int kVec>
+void launch_bias_act_backward_vec(BiasActBackwardParams const& p, cudaStream_t stream) {
+  const dim3 block = column_block(p.cols / kVec);
+  const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
+  const int64_t rows_per_split = ceil_div(p.rows, p.row_splits);
+  const dim3 grid{unsigned(col_blocks), unsigned(p.row_splits)};
+  dispatch_activation(p.activation, [&](auto kind) {
+    bias_act_backward_kernel<T, kVec, decltype(kind)::value><<<grid, block, 0, stream>>>(p, rows_per_split);
+  });
+}
+
+template <class T>
+struct BiasActBackwardFn {
+  void operator()(BiasActBackwardParams const& p, cudaStream_t stream) const {
+    constexpr int kVec = vec_width<T>();
+    const bool reads_z = p.activation != int(Activation::kNone);
+    const bool vectorizable =
+        p.cols % kVec == 0 && aligned16(p.grad) && p.grad_ld % kVec == 0 &&
+        (!reads_z || (aligned16(p.x) && p.x_ld % kVec == 0 && (p.bias == nullptr || aligned16(p.bias)) &&
+                      (p.residual == nullptr || (aligned16(p.residual) && p.residual_ld % kVec == 0)))) &&
+        (p.grad_x == nullptr || aligned16(p.grad_x)) && (p.grad_residual == nullptr || aligned16(p.grad_residual));
+    if (vectorizable) {
+      launch_bias_act_backward_vec<T, kVec>(p, stream);
+    } else {
+      launch_bias_act_backward_vec<T, 1>(p, stream);
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// add
+
+template <int kN, class T, int kVec>
+__device__ __forceinline__ void add_vectors(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                            int64_t v, int64_t step) {
+  Pack<T, kVec> av[kN], bv[kN];
+#pragma unroll
+  for (int u = 0; u < kN; ++u) {
+    av[u] = load_pack<T, kVec>(a + (v + u * step) * kVec);
+    bv[u] = load_pack<T, kVec>(b + (v + u * step) * kVec);
+  }
+#pragma unroll
+  for (int u = 0; u < kN; ++u) {
+    Pack<T, kVec> o;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) o.v[i] = T(float(av[u].v[i]) + float(bv[u].v[i]));
+    store_pack<T, kVec>(out + (v + u * step) * kVec, o);
+  }
+}
+
+// Grid-stride over kVec-element vectors; the numel % kVec tail goes to the first threads.
+template <class T, int kVec>
+__global__ void __launch_bounds__(kThreads) add_kernel(const T* a, const T* b, T* out, int64_t n) {
+  const int64_t vectors = n / kVec;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t v = first;
+  for (; v + (kForwardUnroll - 1) * step < vectors; v += kForwardUnroll * step) {
+    add_vectors<kForwardUnroll, T, kVec>(a, b, out, v, step);
+  }
+  for (; v < vectors; v += step) add_vectors<1, T, kVec>(a, b, out, v, step);
+  const int64_t tail = vectors * kVec + first;
+  if (kVec > 1 && tail < n) out[tail] = T(float(a[tail]) + float(b[tail]));
+}
+
+template <class T>
+struct AddFn {
+  void operator()(AddParams const& p, cudaStream_t stream) const {
+    constexpr int kVec = vec_width<T>();
+    const T* a = static_cast<const T*>(p.a);
+    const T* b = static_cast<const T*>(p.b);
+    T* out = static_cast<T*>(p.out);
+    if (aligned16(a) && aligned16(b) && aligned16(out)) {
+      launch<kVec>(a, b, out, p, stream);
+    } else {
+      launch<1>(a, b, out, p, stream);
+    }
+  }
+
+  template <int kVec>
+  static void launch(const T* a, const T* b, T* out, AddParams const& p, cudaStream_t stream) {
+    static const int per_sm = resident_blocks_per_sm(add_kernel<T, kVec>);
+    const int64_t fill = int64_t(per_sm) * std::max(p.sm_count, 1);
+    const int64_t blocks = std::max<int64_t>(1, std::min(ceil_div(p.numel / kVec, kThreads), fill));
+    add_kernel<T, kVec><<<unsigned(blocks), kThreads, 0, stream>>>(a, b, out, p.numel);
+  }
+};
+
+}  // namespace
+
+LaunchResult bias_act_forward(BiasActParams const& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return {};
+  return dispatch_dtype<BiasActForwardFn>(p, stream);
+}
+
+int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int sm_count) {
+  const int64_t vec = dtype == DType::kF32 ? 4 : 8;
+  const int64_t col_vecs = ceil_div(cols, vec);
+  const int64_t col_blocks = ceil_div(col_vecs, column_block(col_vecs).x);
+  const int64_t target = int64_t(kBackwardBlocksPerSm) * std::max(sm_count, 1);
+  const int64_t max_splits = std::max<int64_t>(1, rows / kMinRowsPerSplit);
+  const int64_t splits = std::min({ceil_div(target, col_blocks), max_splits, int64_t(65535)});
+  return int(std::max<int64_t>(1, splits));
+}
+
+LaunchResult bias_act_backward(BiasActBackwardParams const& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return {};
+  const LaunchResult r = dispatch_dtype<BiasActBackwardFn>(p, stream);
+  if (!r.ok() || p.grad_bias == nullptr || p.row_splits == 1) return r;
+  return sum_partials(p.partials, 1, p.row_splits, p.cols, p.dtype, p.grad_bias, stream);
+}
+
+LaunchResult add(AddParams const& p, cudaStream_t stream) {
+  if (p.numel == 0) return {};
+  return dispatch_dtype<AddFn>(p, stream);
+}
+
+}  // namespace cutlass_ext

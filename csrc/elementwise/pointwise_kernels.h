@@ -1,0 +1,73 @@
+// Fused pointwise kernels (torch-free interface).
+//
+// bias_act_forward:  y[r, c] = act(scale * x[r, c] + bias[c] + residual[r, c])
+//   One read of x (and residual), one write of y; each thread owns a fixed column chunk, loads
+//   its bias once and walks rows. bias and residual may be null.
+// bias_act_backward: one pass that recomputes z = scale * x + bias + residual and dz = dy * act'(z),
+//   writes grad_x = scale * dz and/or grad_residual = dz, and reduces grad_bias[c] = sum_r dz[r, c]
+//   into fp32 partials per row split; sum_partials (reduce_kernels.h) adds them in a fixed order.
+// add: out = a + b elementwise over contiguous buffers (fp32 math).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "common/types.h"
+
+namespace cutlass_ext {
+
+// Matrices are [rows, cols] with unit column stride and row stride `*_ld` (elements); outputs
+// are contiguous (ld = cols).
+struct BiasActParams {
+  int64_t rows = 0, cols = 0;
+  DType dtype = DType::kBF16;
+  int activation = 0;  // Activation code (common/activation.h)
+  float scale = 1.f;
+  const void* x = nullptr;
+  int64_t x_ld = 0;
+  const void* bias = nullptr;  // [cols], contiguous; may be null
+  const void* residual = nullptr;  // may be null
+  int64_t residual_ld = 0;
+  void* y = nullptr;
+  int sm_count = 1;
+};
+
+LaunchResult bias_act_forward(BiasActParams const& p, cudaStream_t stream);
+
+struct BiasActBackwardParams {
+  int64_t rows = 0, cols = 0;
+  DType dtype = DType::kBF16;
+  int activation = 0;
+  float scale = 1.f;
+  const void* grad = nullptr;  // dY
+  int64_t grad_ld = 0;
+  const void* x = nullptr;
+  int64_t x_ld = 0;
+  const void* bias = nullptr;      // may be null
+  const void* residual = nullptr;  // may be null
+  int64_t residual_ld = 0;
+  void* grad_x = nullptr;         // scale * dz, may be null
+  void* grad_residual = nullptr;  // dz, may be null
+  void* grad_bias = nullptr;      // [cols], may be null
+  float* partials = nullptr;      // [row_splits, cols] fp32 workspace, needed when grad_bias && row_splits > 1
+  int row_splits = 1;             // from bias_act_backward_row_splits()
+};
+
+// Row split of the backward grid that fills `sm_count` multiprocessors.
+int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int sm_count);
+
+LaunchResult bias_act_backward(BiasActBackwardParams const& p, cudaStream_t stream);
+
+struct AddParams {
+  int64_t numel = 0;
+  DType dtype = DType::kBF16;
+  const void* a = nullptr;  // contiguous
+  const void* b = nullptr;  // contiguous
+  void* out = nullptr;      // contiguous
+  int sm_count = 1;
+};
+
+LaunchResult add(AddParams const& p, cudaStream_t stream);
+
+}  // namespace cutlass_ext

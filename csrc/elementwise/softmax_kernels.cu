@@ -1,0 +1,586 @@
+#include "elementwise/softmax_kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/device_utils.cuh"
+
+namespace cutlass_ext {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Path thresholds (elements per row)
+
+constexpr int kWarpBlockThreads = 128;  // short rows: 128 / lanes-per-row rows per block
+constexpr int kWarpMaxCols = 1024;      // short rows: up to 32 fp32 per lane
+constexpr int kRowMaxThreads = 1024;    // medium rows: one block of up to 1024 threads per row
+// Medium rows keep up to this many elements per thread in registers (at most 64 registers at
+// 1024 threads without spills): forward x only (16 on the scalar path, whose 32 separate
+// addresses would spill), backward dy and y.
+constexpr int kForwardMaxElems = 32;
+constexpr int kForwardScalarMaxElems = 16;
+constexpr int kBackwardMaxElems = 16;
+constexpr int64_t kForwardMaxRowCols = int64_t(kRowMaxThreads) * kForwardMaxElems;    // 32768
+constexpr int64_t kBackwardMaxRowCols = int64_t(kRowMaxThreads) * kBackwardMaxElems;  // 16384
+// Long rows: 512 threads, each with 4 vector loads in flight per step (2 of dy and 2 of y in the
+// backward), which keeps them at 2 blocks per multiprocessor.
+constexpr int kLongThreads = 512;
+constexpr int kLongUnroll = 4;
+constexpr int kLongBackwardUnroll = 2;
+// Row splitting: aim for 4 blocks per multiprocessor; no chunk shorter than 8192 elements.
+constexpr int kSplitBlocksPerSm = 4;
+constexpr int64_t kMinSplitChunk = 8192;
+constexpr int64_t kSplitChunkAlign = 256;  // chunk starts stay multiples of every vector width
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int pow2_at_least(int64_t n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax arithmetic. A row's exponentials are taken against shift(max): the max itself, or 0
+// when the max is -inf (an all -inf row, whose exponentials are then all 0 and whose sum is 0,
+// which inverse_or_zero turns into a row of zeros). NaN needs no special case: fmaxf skips it,
+// but exp(NaN - shift) is NaN, so the sum and then every output of the row become NaN.
+
+__device__ __forceinline__ float shift_of(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
+
+__device__ __forceinline__ float exp_shifted(float z, float shift) { return exp2f((z - shift) * kLog2e); }
+
+// A sum taken against shift(old_max), re-expressed against shift(new_max), new_max >= old_max.
+// A part that saw only -inf holds 0 (or NaN) and keeps it: s * 0, never 0 * exp(+huge).
+__device__ __forceinline__ float rescale(float sum, float old_max, float new_max) {
+  return old_max == -INFINITY ? sum * 0.f : sum * exp2f((old_max - shift_of(new_max)) * kLog2e);
+}
+
+__device__ __forceinline__ float inverse_or_zero(float sum) { return sum == 0.f ? 0.f : 1.f / sum; }
+
+struct RowStats {
+  float max, sum;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Vector access: kVec adjacent elements as one load/store, converted to/from fp32.
+
+template <class T, int kVec>
+__device__ __forceinline__ void load_vec(const T* src, float (&out)[kVec]) {
+  const Pack<T, kVec> pk = *reinterpret_cast<const Pack<T, kVec>*>(src);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) out[i] = float(pk.v[i]);
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
+  Pack<T, kVec> pk;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) pk.v[i] = T(in[i]);
+  *reinterpret_cast<Pack<T, kVec>*>(dst) = pk;
+}
+
+// Reductions over the threads that share a row: kLanes adjacent lanes of a warp, or the block.
+template <int kLanes>
+struct LaneGroupReduce {
+  __device__ __forceinline__ float max(float v) const {
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+  }
+  __device__ __forceinline__ float sum(float v) const {
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  }
+};
+
+struct BlockReduce {
+  float* scratch;  // 32 floats of shared memory
+  __device__ __forceinline__ float max(float v) const { return block_max(v, scratch); }
+  __device__ __forceinline__ float sum(float v) const { return block_sum(v, scratch); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Rows held in registers (short and medium rows). Thread `lane` of the `lanes` threads sharing a
+// row holds packs k = 0..kPacks-1 at columns (k * lanes + lane) * kVec, so each load instruction
+// of the group reads one contiguous stretch. A thread of an inactive row passes cols = 0: it
+// loads and stores nothing but still takes part in the group's reductions.
+
+template <class T, int kVec, int kPacks, class Reduce>
+__device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int lane, int lanes, int64_t cols,
+                                                         float scale, Reduce const& reduce) {
+  float v[kPacks][kVec];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t col = (int64_t(k) * lanes + lane) * kVec;
+    if (col < cols) {
+      load_vec<T, kVec>(x + col, v[k]);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        v[k][i] *= scale;
+        m = fmaxf(m, v[k][i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[k][i] = -INFINITY;
+    }
+  }
+  const float shift = shift_of(reduce.max(m));
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      v[k][i] = exp_shifted(v[k][i], shift);
+      s += v[k][i];
+    }
+  }
+  const float inv = inverse_or_zero(reduce.sum(s));
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t col = (int64_t(k) * lanes + lane) * kVec;
+    if (col < cols) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[k][i] *= inv;
+      store_vec<T, kVec>(y + col, v[k]);
+    }
+  }
+}
+
+template <class T, int kVec, int kPacks, class Reduce>
+__device__ __forceinline__ void softmax_backward_row_in_registers(const T* dy, const T* y, T* dx, int lane, int lanes,
+                                                                  int64_t cols, float scale, Reduce const& reduce) {
+  float g[kPacks][kVec], o[kPacks][kVec];
+  float dot = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t col = (int64_t(k) * lanes + lane) * kVec;
+    if (col < cols) {
+      load_vec<T, kVec>(dy + col, g[k]);
+      load_vec<T, kVec>(y + col, o[k]);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) dot = fmaf(g[k][i], o[k][i], dot);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) g[k][i] = o[k][i] = 0.f;
+    }
+  }
+  dot = reduce.sum(dot);
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t col = (int64_t(k) * lanes + lane) * kVec;
+    if (col < cols) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) g[k][i] = scale * o[k][i] * (g[k][i] - dot);
+      store_vec<T, kVec>(dx + col, g[k]);
+    }
+  }
+}
+
+// Short rows: kLanes lanes per row (kLanes a power of two <= 32), kPacks packs per lane.
+template <class T, int kVec, int kLanes, int kPacks>
+__global__ void __launch_bounds__(kWarpBlockThreads) softmax_warp_kernel(SoftmaxParams p) {
+  constexpr int kRowsPerBlock = kWarpBlockThreads / kLanes;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  const bool active = row < p.rows;
+  const int64_t r = active ? row : 0;
+  softmax_row_in_registers<T, kVec, kPacks>(static_cast<const T*>(p.x) + r * p.x_ld, static_cast<T*>(p.y) + r * p.y_ld,
+                                            int(threadIdx.x % kLanes), kLanes, active ? p.cols : 0, p.scale,
+                                            LaneGroupReduce<kLanes>{});
+}
+
+template <class T, int kVec, int kLanes, int kPacks>
+__global__ void __launch_bounds__(kWarpBlockThreads) softmax_backward_warp_kernel(SoftmaxBackwardParams p) {
+  constexpr int kRowsPerBlock = kWarpBlockThreads / kLanes;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  const bool active = row < p.rows;
+  const int64_t r = active ? row : 0;
+  softmax_backward_row_in_registers<T, kVec, kPacks>(
+      static_cast<const T*>(p.grad) + r * p.grad_ld, static_cast<const T*>(p.y) + r * p.y_ld,
+      static_cast<T*>(p.grad_input) + r * p.grad_input_ld, int(threadIdx.x % kLanes), kLanes, active ? p.cols : 0,
+      p.scale, LaneGroupReduce<kLanes>{});
+}
+
+// Medium rows: one block per row; the block size (a multiple of 32) is chosen at launch.
+template <class T, int kVec, int kPacks>
+__global__ void __launch_bounds__(kRowMaxThreads) softmax_row_kernel(SoftmaxParams p) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  softmax_row_in_registers<T, kVec, kPacks>(static_cast<const T*>(p.x) + row * p.x_ld,
+                                            static_cast<T*>(p.y) + row * p.y_ld, int(threadIdx.x), int(blockDim.x),
+                                            p.cols, p.scale, BlockReduce{scratch});
+}
+
+template <class T, int kVec, int kPacks>
+__global__ void __launch_bounds__(kRowMaxThreads) softmax_backward_row_kernel(SoftmaxBackwardParams p) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  softmax_backward_row_in_registers<T, kVec, kPacks>(
+      static_cast<const T*>(p.grad) + row * p.grad_ld, static_cast<const T*>(p.y) + row * p.y_ld,
+      static_cast<T*>(p.grad_input) + row * p.grad_input_ld, int(threadIdx.x), int(blockDim.x), p.cols, p.scale,
+      BlockReduce{scratch});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Long rows: the block streams columns [begin, end) of a row, kLongUnroll vector loads per
+// thread in flight per step.
+
+// (max, sum of exp against shift(max)) of scale * x over [begin, end), for the whole block. The
+// running sum is rescaled once per step, when the step's max exceeds the running one.
+template <class T, int kVec>
+__device__ RowStats chunk_stats(const T* x, int64_t begin, int64_t end, float scale, float* scratch) {
+  const int64_t step = int64_t(blockDim.x) * kVec;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t base = begin + int64_t(threadIdx.x) * kVec; base < end; base += step * kLongUnroll) {
+    float v[kLongUnroll][kVec];
+    float step_max = m;
+#pragma unroll
+    for (int u = 0; u < kLongUnroll; ++u) {
+      const int64_t col = base + u * step;
+      if (col < end) {
+        load_vec<T, kVec>(x + col, v[u]);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          v[u][i] *= scale;
+          step_max = fmaxf(step_max, v[u][i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[u][i] = -INFINITY;
+      }
+    }
+    s = rescale(s, m, step_max);
+    const float shift = shift_of(step_max);
+#pragma unroll
+    for (int u = 0; u < kLongUnroll; ++u) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) s += exp_shifted(v[u][i], shift);
+    }
+    m = step_max;
+  }
+  const float block_m = block_max(m, scratch);
+  return {block_m, block_sum(rescale(s, m, block_m), scratch)};
+}
+
+template <class T, int kVec>
+__device__ void chunk_write(const T* x, T* y, int64_t begin, int64_t end, float scale, float shift, float inv) {
+  const int64_t step = int64_t(blockDim.x) * kVec;
+  for (int64_t base = begin + int64_t(threadIdx.x) * kVec; base < end; base += step * kLongUnroll) {
+    float v[kLongUnroll][kVec];
+#pragma unroll
+    for (int u = 0; u < kLongUnroll; ++u) {
+      const int64_t col = base + u * step;
+      if (col < end) load_vec<T, kVec>(x + col, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kLongUnroll; ++u) {
+      const int64_t col = base + u * step;
+      if (col < end) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[u][i] = exp_shifted(v[u][i] * scale, shift) * inv;
+        store_vec<T, kVec>(y + col, v[u]);
+      }
+    }
+  }
+}
+
+template <class T, int kVec>
+__device__ float chunk_dot(const T* dy, const T* y, int64_t begin, int64_t end, float* scratch) {
+  const int64_t step = int64_t(blockDim.x) * kVec;
+  float dot = 0.f;
+  for (int64_t base = begin + int64_t(threadIdx.x) * kVec; base < end; base += step * kLongBackwardUnroll) {
+    float g[kLongBackwardUnroll][kVec], o[kLongBackwardUnroll][kVec];
+#pragma unroll
+    for (int u = 0; u < kLongBackwardUnroll; ++u) {
+      const int64_t col = base + u * step;
+      if (col < end) {
+        load_vec<T, kVec>(dy + col, g[u]);
+        load_vec<T, kVec>(y + col, o[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) g[u][i] = o[u][i] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLongBackwardUnroll; ++u) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) dot = fmaf(g[u][i], o[u][i], dot);
+    }
+  }
+  return block_sum(dot, scratch);
+}
+
+template <class T, int kVec>
+__device__ void chunk_write_grad(const T* dy, const T* y, T* dx, int64_t begin, int64_t end, float scale, float dot) {
+  const int64_t step = int64_t(blockDim.x) * kVec;
+  for (int64_t base = begin + int64_t(threadIdx.x) * kVec; base < end; base += step * kLongBackwardUnroll) {
+    float g[kLongBackwardUnroll][kVec], o[kLongBackwardUnroll][kVec];
+#pragma unroll
+    for (int u = 0; u < kLongBackwardUnroll; ++u) {
+      const int64_t col = base + u * step;
+      if (col < end) {
+        load_vec<T, kVec>(dy + col, g[u]);
+        load_vec<T, kVec>(y + col, o[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLongBackwardUnroll; ++u) {
+      const int64_t col = base + u * step;
+      if (col < end) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) g[u][i] = scale * o[u][i] * (g[u][i] - dot);
+        store_vec<T, kVec>(dx + col, g[u]);
+      }
+    }
+  }
+}
+
+// One block per long row: stats pass, then write pass.
+template <class T, int kVec>
+__global__ void __launch_bounds__(kLongThreads) softmax_long_kernel(SoftmaxParams p) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
+  const RowStats st = chunk_stats<T, kVec>(x, 0, p.cols, p.scale, scratch);
+  chunk_write<T, kVec>(x, static_cast<T*>(p.y) + row * p.y_ld, 0, p.cols, p.scale, shift_of(st.max),
+                       inverse_or_zero(st.sum));
+}
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kLongThreads) softmax_backward_long_kernel(SoftmaxBackwardParams p) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* dy = static_cast<const T*>(p.grad) + row * p.grad_ld;
+  const T* y = static_cast<const T*>(p.y) + row * p.y_ld;
+  const float dot = chunk_dot<T, kVec>(dy, y, 0, p.cols, scratch);
+  chunk_write_grad<T, kVec>(dy, y, static_cast<T*>(p.grad_input) + row * p.grad_input_ld, 0, p.cols, p.scale, dot);
+}
+
+// Split rows: grid (chunks, rows). The first kernel stores each chunk's partial; the second lets
+// every block combine its row's partials (lane-strided, then a fixed shuffle tree, so every block
+// gets identical bits) and writes its chunk.
+template <class T, int kVec>
+__global__ void __launch_bounds__(kLongThreads) softmax_partial_stats_kernel(SoftmaxParams p, int64_t chunk) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.y, begin = int64_t(blockIdx.x) * chunk;
+  const RowStats st = chunk_stats<T, kVec>(static_cast<const T*>(p.x) + row * p.x_ld, begin,
+                                           min(p.cols, begin + chunk), p.scale, scratch);
+  if (threadIdx.x == 0) {
+    float* out = p.partials + (row * p.row_splits + blockIdx.x) * 2;
+    out[0] = st.max;
+    out[1] = st.sum;
+  }
+}
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kLongThreads) softmax_split_write_kernel(SoftmaxParams p, int64_t chunk) {
+  const int64_t row = blockIdx.y, begin = int64_t(blockIdx.x) * chunk;
+  const float* part = p.partials + row * p.row_splits * 2;
+  const int lane = threadIdx.x & 31, n = int(gridDim.x);
+  float m = -INFINITY;
+  for (int i = lane; i < n; i += 32) m = fmaxf(m, part[2 * i]);
+  m = warp_max(m);
+  float s = 0.f;
+  for (int i = lane; i < n; i += 32) s += rescale(part[2 * i + 1], part[2 * i], m);
+  s = warp_sum(s);
+  chunk_write<T, kVec>(static_cast<const T*>(p.x) + row * p.x_ld, static_cast<T*>(p.y) + row * p.y_ld, begin,
+                       min(p.cols, begin + chunk), p.scale, shift_of(m), inverse_or_zero(s));
+}
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kLongThreads)
+softmax_backward_partial_dot_kernel(SoftmaxBackwardParams p, int64_t chunk) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.y, begin = int64_t(blockIdx.x) * chunk;
+  const float dot = chunk_dot<T, kVec>(static_cast<const T*>(p.grad) + row * p.grad_ld,
+                                       static_cast<const T*>(p.y) + row * p.y_ld, begin,
+                                       min(p.cols, begin + chunk), scratch);
+  if (threadIdx.x == 0) p.partials[row * p.row_splits + blockIdx.x] = dot;
+}
+
+template <class T, int kVec>
+__global__ void __launch_bounds__(kLongThreads)
+softmax_backward_split_write_kernel(SoftmaxBackwardParams p, int64_t chunk) {
+  const int64_t row = blockIdx.y, begin = int64_t(blockIdx.x) * chunk;
+  const float* part = p.partials + row * p.row_splits;
+  const int lane = threadIdx.x & 31, n = int(gridDim.x);
+  float dot = 0.f;
+  for (int i = lane; i < n; i += 32) dot += part[i];
+  dot = warp_sum(dot);
+  chunk_write_grad<T, kVec>(static_cast<const T*>(p.grad) + row * p.grad_ld, static_cast<const T*>(p.y) + row * p.y_ld,
+                            static_cast<T*>(p.grad_input) + row * p.grad_input_ld, begin,
+                            min(p.cols, begin + chunk), p.scale, dot);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host launchers. One template per path serves forward and backward: Op supplies the kernels.
+
+template <class T, int kVec>
+struct ForwardOp {
+  using Params = SoftmaxParams;
+  static constexpr int kMaxElems = kVec > 1 ? kForwardMaxElems : kForwardScalarMaxElems;
+  static constexpr int64_t kMaxRowCols = int64_t(kRowMaxThreads) * kMaxElems;
+  template <int kLanes, int kPacks>
+  static auto warp_kernel() { return softmax_warp_kernel<T, kVec, kLanes, kPacks>; }
+  template <int kPacks>
+  static auto row_kernel() { return softmax_row_kernel<T, kVec, kPacks>; }
+  static auto long_kernel() { return softmax_long_kernel<T, kVec>; }
+  static auto partial_kernel() { return softmax_partial_stats_kernel<T, kVec>; }
+  static auto split_write_kernel() { return softmax_split_write_kernel<T, kVec>; }
+};
+
+template <class T, int kVec>
+struct BackwardOp {
+  using Params = SoftmaxBackwardParams;
+  static constexpr int kMaxElems = kBackwardMaxElems;
+  static constexpr int64_t kMaxRowCols = kBackwardMaxRowCols;
+  template <int kLanes, int kPacks>
+  static auto warp_kernel() { return softmax_backward_warp_kernel<T, kVec, kLanes, kPacks>; }
+  template <int kPacks>
+  static auto row_kernel() { return softmax_backward_row_kernel<T, kVec, kPacks>; }
+  static auto long_kernel() { return softmax_backward_long_kernel<T, kVec>; }
+  static auto partial_kernel() { return softmax_backward_partial_dot_kernel<T, kVec>; }
+  static auto split_write_kernel() { return softmax_backward_split_write_kernel<T, kVec>; }
+};
+
+template <class Op, int kVec, int kLanes, int kPacks>
+void launch_warp(typename Op::Params const& p, cudaStream_t stream) {
+  // Instantiated only where a row of up to kWarpMaxCols can need it.
+  if constexpr (kLanes * kPacks * kVec <= kWarpMaxCols) {
+    constexpr int kRowsPerBlock = kWarpBlockThreads / kLanes;
+    const int64_t blocks = ceil_div(p.rows, kRowsPerBlock);
+    Op::template warp_kernel<kLanes, kPacks>()<<<unsigned(blocks), kWarpBlockThreads, 0, stream>>>(p);
+  }
+}
+
+// At least 2 packs per lane (32 bytes in flight per thread at full occupancy): rows of up to 32
+// packs take a power-of-two part of a warp, longer ones a whole warp with 2..32 packs per lane.
+template <class Op, int kVec>
+void launch_short(typename Op::Params const& p, cudaStream_t stream) {
+  const int64_t packs = ceil_div(p.cols, kVec);
+  if (packs <= 32) {
+    switch (pow2_at_least(ceil_div(packs, 2))) {
+      case 1: return launch_warp<Op, kVec, 1, 2>(p, stream);
+      case 2: return launch_warp<Op, kVec, 2, 2>(p, stream);
+      case 4: return launch_warp<Op, kVec, 4, 2>(p, stream);
+      case 8: return launch_warp<Op, kVec, 8, 2>(p, stream);
+      default: return launch_warp<Op, kVec, 16, 2>(p, stream);
+    }
+  }
+  switch (pow2_at_least(ceil_div(packs, 32))) {
+    case 2: return launch_warp<Op, kVec, 32, 2>(p, stream);
+    case 4: return launch_warp<Op, kVec, 32, 4>(p, stream);
+    case 8: return launch_warp<Op, kVec, 32, 8>(p, stream);
+    case 16: return launch_warp<Op, kVec, 32, 16>(p, stream);
+    default: return launch_warp<Op, kVec, 32, 32>(p, stream);
+  }
+}
+
+template <class Op, int kVec, int kElems>
+void launch_row(typename Op::Params const& p, cudaStream_t stream) {
+  if constexpr (kElems <= Op::kMaxElems) {
+    constexpr int kPacks = kElems / kVec;
+    const int64_t threads = std::max<int64_t>(32, (ceil_div(ceil_div(p.cols, kVec), kPacks) + 31) / 32 * 32);
+    Op::template row_kernel<kPacks>()<<<unsigned(p.rows), unsigned(threads), 0, stream>>>(p);
+  }
+}
+
+// Forward: 16 elements per thread (at most 32 registers, so 2048 threads and 64 KB of loads in
+// flight per multiprocessor), 32 for rows longer than 16384. Backward: 8 of dy and 8 of y per
+// thread, 16 for rows longer than 8192.
+template <class Op, int kVec>
+void launch_medium(typename Op::Params const& p, cudaStream_t stream) {
+  constexpr int kElems = Op::kMaxElems / 2;
+  if (p.cols <= int64_t(kRowMaxThreads) * kElems) return launch_row<Op, kVec, kElems>(p, stream);
+  return launch_row<Op, kVec, Op::kMaxElems>(p, stream);
+}
+
+template <class Op, int kVec>
+void launch_long(typename Op::Params const& p, cudaStream_t stream) {
+  if (p.row_splits <= 1) {
+    Op::long_kernel()<<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+    return;
+  }
+  const int64_t chunk = ceil_div(ceil_div(p.cols, p.row_splits), kSplitChunkAlign) * kSplitChunkAlign;
+  const dim3 grid(unsigned(ceil_div(p.cols, chunk)), unsigned(p.rows));
+  Op::partial_kernel()<<<grid, kLongThreads, 0, stream>>>(p, chunk);
+  Op::split_write_kernel()<<<grid, kLongThreads, 0, stream>>>(p, chunk);
+}
+
+template <class Op, int kVec>
+void launch_paths(typename Op::Params const& p, cudaStream_t stream) {
+  if (p.cols <= kWarpMaxCols) return launch_short<Op, kVec>(p, stream);
+  if (p.cols <= Op::kMaxRowCols) return launch_medium<Op, kVec>(p, stream);
+  launch_long<Op, kVec>(p, stream);
+}
+
+bool vector_ok(const void* base, int64_t ld, int64_t rows, int vec) {
+  return aligned16(base) && (rows <= 1 || ld % vec == 0);
+}
+
+template <class T>
+struct ForwardFn {
+  void operator()(SoftmaxParams const& p, cudaStream_t stream) const {
+    constexpr int kVec = vec_width<T>();
+    if (p.cols % kVec == 0 && vector_ok(p.x, p.x_ld, p.rows, kVec) && vector_ok(p.y, p.y_ld, p.rows, kVec)) {
+      launch_paths<ForwardOp<T, kVec>, kVec>(p, stream);
+    } else {
+      launch_paths<ForwardOp<T, 1>, 1>(p, stream);
+    }
+  }
+};
+
+template <class T>
+struct BackwardFn {
+  void operator()(SoftmaxBackwardParams const& p, cudaStream_t stream) const {
+    constexpr int kVec = vec_width<T>();
+    if (p.cols % kVec == 0 && vector_ok(p.grad, p.grad_ld, p.rows, kVec) && vector_ok(p.y, p.y_ld, p.rows, kVec) &&
+        vector_ok(p.grad_input, p.grad_input_ld, p.rows, kVec)) {
+      launch_paths<BackwardOp<T, kVec>, kVec>(p, stream);
+    } else {
+      launch_paths<BackwardOp<T, 1>, 1>(p, stream);
+    }
+  }
+};
+
+template <class P>
+LaunchResult check_params(P const& p) {
+  if (p.rows > 0x7fffffff) return {"launch", "more than 2^31 - 1 rows"};
+  if (p.row_splits > 1 && p.partials == nullptr) return {"launch", "row_splits > 1 needs a partials workspace"};
+  if (p.row_splits > 1 && p.rows > 65535) return {"launch", "split rows are limited to 65535 rows"};
+  return {};
+}
+
+}  // namespace
+
+int softmax_row_splits(int64_t rows, int64_t cols, bool backward, int sm_count) {
+  const int64_t max_row_cols = backward ? kBackwardMaxRowCols : kForwardMaxRowCols;
+  const int64_t target_blocks = int64_t(kSplitBlocksPerSm) * std::max(sm_count, 1);
+  if (cols <= max_row_cols || rows <= 0 || rows >= target_blocks) return 1;
+  const int64_t splits = std::min(ceil_div(target_blocks, rows), ceil_div(cols, kMinSplitChunk));
+  return int(std::max<int64_t>(1, splits));
+}
+
+int64_t softmax_partials_floats(int64_t rows, int row_splits, bool backward) {
+  return row_splits > 1 ? rows * row_splits * (backward ? 1 : 2) : 0;
+}
+
+LaunchResult softmax_forward(SoftmaxParams const& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return {};
+  const LaunchResult bad = check_params(p);
+  if (!bad.ok()) return bad;
+  return dispatch_dtype<ForwardFn>(p, stream);
+}
+
+LaunchResult softmax_backward(SoftmaxBackwardParams const& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return {};
+  const LaunchResult bad = check_params(p);
+  if (!bad.ok()) return bad;
+  return dispatch_dtype<BackwardFn>(p, stream);
+}
+
+}  // namespace cutlass_ext

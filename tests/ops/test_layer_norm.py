@@ -1,0 +1,523 @@
+"""cutlass_ext.layer_norm (fused ReLU + LayerNorm + dropout) and its backward against float64
+references, on CPU (reference kernels) and CUDA (hand-written kernels); the dropout RNG's Python twin
+against the C++ definition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlass_ext
+from cutlass_ext.ops import _rng
+
+from ..conftest import requires_cuda
+from ..helpers import DTYPES, assert_close_to_reference
+
+DTYPE_NAMES = ["fp16", "bf16", "fp32"]
+# Row lengths: tiny, odd, a sub-warp/warp row, not a multiple of the vector width, and (CUDA only) a
+# row too long for registers.
+COLS = [1, 7, 1000, 4097, pytest.param(65536, marks=requires_cuda)]
+ROWS_FOR = {1: 65, 7: 129, 1000: 33, 4097: 19, 65536: 6}
+
+
+def rand(*shape, device, dtype, scale=1.0, offset=0.0):
+    return (torch.randn(*shape, device=device, dtype=torch.float32) * scale + offset).to(dtype)
+
+
+def ref_layer_norm(x, weight, bias, eps=1e-5, relu=False, keep=None, p=0.0):
+    """float64 reference, differentiable; ``keep`` is the dropout mask (of x's shape)."""
+    h = torch.relu(x.double()) if relu else x.double()
+    mean = h.mean(-1, keepdim=True)
+    var = (h - mean).square().mean(-1, keepdim=True)
+    y = (h - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    if keep is not None:
+        y = torch.where(keep, y / (1 - p), torch.zeros_like(y)) if p < 1 else torch.zeros_like(y)
+    return y
+
+
+def peer_layer_norm(x, weight, bias, eps=1e-5, relu=False):
+    """torch's own result in the same dtype."""
+    h = torch.relu(x) if relu else x
+    return F.layer_norm(h, (x.shape[-1],), weight, bias, eps)
+
+
+def keep_mask(seed, shape, p):
+    rows, cols = int(torch.tensor(shape[:-1]).prod()), shape[-1]
+    index = _rng.row_major_index(rows, cols, seed.device)
+    return _rng.dropout_keep(seed, index, p).view(shape)
+
+
+def make_affine(affine, cols, device, dtype):
+    weight = rand(cols, device=device, dtype=dtype, scale=0.5, offset=1.0) if affine in ("both", "weight") else None
+    bias = rand(cols, device=device, dtype=dtype) if affine in ("both", "bias") else None
+    return weight, bias
+
+
+def grads_of(fn, inputs, grad_out):
+    inputs = [x.detach().requires_grad_(True) if x is not None else None for x in inputs]
+    out = fn(*inputs)
+    out.backward(grad_out)
+    return out, [x.grad if x is not None else None for x in inputs]
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward
+
+
+@pytest.mark.parametrize("affine", ["both", "none"])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_forward(device, dtype_name, cols, relu, affine):
+    dtype = DTYPES[dtype_name]
+    x = rand(ROWS_FOR[cols], cols, device=device, dtype=dtype, offset=0.5)
+    weight, bias = make_affine(affine, cols, device, dtype)
+    out = cutlass_ext.layer_norm(x, weight, bias, relu=relu)
+    assert out.dtype == dtype and out.is_contiguous() and out.shape == x.shape
+    assert_close_to_reference(out, ref_layer_norm(x, weight, bias, relu=relu),
+                              peer_layer_norm(x, weight, bias, relu=relu), dtype_name)
+
+
+@pytest.mark.parametrize("affine", ["weight", "bias"])
+def test_forward_weight_or_bias_only(device, affine):
+    x = rand(40, 96, device=device, dtype=torch.bfloat16)
+    weight, bias = make_affine(affine, 96, device, torch.bfloat16)
+    out = cutlass_ext.layer_norm(x, weight, bias, eps=1e-3)
+    assert_close_to_reference(out, ref_layer_norm(x, weight, bias, eps=1e-3),
+                              peer_layer_norm(x, weight, bias, eps=1e-3), "bf16")
+
+
+# Every row-in-registers configuration of both vector widths, and the two-pass path beyond them.
+@pytest.mark.parametrize("cols", [16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+def test_every_row_config(device, dtype_name, cols):
+    dtype = DTYPES[dtype_name]
+    rows = max(3, 16384 // cols)
+    x = rand(rows, cols, device=device, dtype=dtype, scale=2.0, offset=0.3)
+    weight, bias = make_affine("both", cols, device, dtype)
+    grad_out = rand(rows, cols, device=device, dtype=dtype)
+    fn = lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=True)  # noqa: E731
+    out, ours = grads_of(fn, [x, weight, bias], grad_out)
+    peer_out, peer = grads_of(lambda a, w, b: peer_layer_norm(a, w, b, relu=True), [x, weight, bias], grad_out)
+    ref_out, ref = grads_of(lambda a, w, b: ref_layer_norm(a, w, b, relu=True),
+                            [x.double(), weight.double(), bias.double()], grad_out.double())
+    assert_close_to_reference(out, ref_out, peer_out, dtype_name)
+    for name, o, p, r in zip(("dx", "dweight", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+
+
+LAYOUTS = {
+    "3d": lambda d, t: rand(3, 17, 200, device=d, dtype=t),
+    # A column slice of a wider tensor: row stride 264 > C, base 8 elements in.
+    "slice": lambda d, t: rand(50, 264, device=d, dtype=t)[:, 8:],
+    # A base address no 16-byte load can use.
+    "offset": lambda d, t: rand(40 * 128 + 1, device=d, dtype=t)[1:].view(40, 128),
+    # Column-major: copied to rows.
+    "transposed": lambda d, t: rand(128, 40, device=d, dtype=t).t(),
+    # Leading dimensions that do not collapse to one row stride.
+    "permuted": lambda d, t: rand(5, 6, 64, device=d, dtype=t).transpose(0, 1),
+    "zero_rows": lambda d, t: rand(0, 64, device=d, dtype=t),
+    "vector": lambda d, t: rand(300, device=d, dtype=t),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+def test_layouts(device, dtype_name, layout):
+    dtype = DTYPES[dtype_name]
+    x = LAYOUTS[layout](device, dtype)
+    cols = x.shape[-1]
+    weight, bias = make_affine("both", cols, device, dtype)
+    grad_out = rand(*x.shape, device=device, dtype=dtype)
+    fn = lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=True)  # noqa: E731
+    out, ours = grads_of(fn, [x, weight, bias], grad_out)
+    peer_out, peer = grads_of(lambda a, w, b: peer_layer_norm(a, w, b, relu=True), [x, weight, bias], grad_out)
+    ref_out, ref = grads_of(lambda a, w, b: ref_layer_norm(a, w, b, relu=True),
+                            [x.double(), weight.double(), bias.double()], grad_out.double())
+    assert out.shape == x.shape and out.is_contiguous()
+    if x.numel() == 0:
+        assert ours[0].shape == x.shape
+        assert torch.equal(ours[1], torch.zeros_like(weight)) and torch.equal(ours[2], torch.zeros_like(bias))
+        return
+    assert_close_to_reference(out, ref_out, peer_out, dtype_name)
+    for name, o, p, r in zip(("dx", "dweight", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+
+
+def test_saved_statistics(device):
+    x = rand(33, 1000, device=device, dtype=torch.bfloat16, scale=3.0, offset=2.0)
+    y, mean, rstd = torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, True, 0.0, None)
+    h = torch.relu(x.double())
+    assert mean.dtype == rstd.dtype == torch.float32 and mean.shape == rstd.shape == (33,)
+    torch.testing.assert_close(mean.double(), h.mean(-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rstd.double(), torch.rsqrt(h.var(-1, unbiased=False) + 1e-5), rtol=1e-4, atol=0)
+    assert not mean.requires_grad and not rstd.requires_grad
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_extreme_inputs(device, dtype_name):
+    dtype = DTYPES[dtype_name]
+    big = 3e4 if dtype == torch.float16 else 1e6
+    # Large magnitudes with a large common offset (the variance must not cancel away) ...
+    x = rand(8, 4097, device=device, dtype=dtype, scale=big / 8, offset=big / 2)
+    out = cutlass_ext.layer_norm(x)
+    assert_close_to_reference(out, ref_layer_norm(x, None, None), peer_layer_norm(x, None, None), dtype_name)
+    # ... and constant rows: variance 0, so y = bias, and finite gradients.
+    weight, bias = make_affine("both", 512, device, dtype)
+    x = torch.full((4, 512), 3.25, device=device, dtype=dtype).requires_grad_()
+    out = cutlass_ext.layer_norm(x, weight, bias)
+    torch.testing.assert_close(out, bias.expand_as(out), rtol=0, atol=0)
+    out.backward(rand(4, 512, device=device, dtype=dtype))
+    assert torch.isfinite(x.grad).all()
+
+
+def test_nan_stays_in_its_row(device):
+    x = rand(6, 256, device=device, dtype=torch.float16)
+    x[2, 7] = float("nan")
+    out = cutlass_ext.layer_norm(x)
+    assert torch.isnan(out[2]).all()
+    assert torch.isfinite(out[:2]).all() and torch.isfinite(out[3:]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward
+
+
+@pytest.mark.parametrize("affine", ["both", "none"])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_backward(device, dtype_name, cols, relu, affine):
+    dtype = DTYPES[dtype_name]
+    rows = ROWS_FOR[cols] * (5 if cols <= 1000 else 1)  # many rows: several partial rows to add
+    x = rand(rows, cols, device=device, dtype=dtype, offset=0.2)
+    weight, bias = make_affine(affine, cols, device, dtype)
+    grad_out = rand(rows, cols, device=device, dtype=dtype)
+    _, ours = grads_of(lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=relu), [x, weight, bias], grad_out)
+    _, peer = grads_of(lambda a, w, b: peer_layer_norm(a, w, b, relu=relu), [x, weight, bias], grad_out)
+    ref_inputs = [t.double() if t is not None else None for t in (x, weight, bias)]
+    _, ref = grads_of(lambda a, w, b: ref_layer_norm(a, w, b, relu=relu), ref_inputs, grad_out.double())
+    for name, o, p, r in zip(("dx", "dweight", "dbias"), ours, peer, ref):
+        if r is None:
+            assert o is None
+            continue
+        assert o.dtype == dtype and o.shape == r.shape
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+
+
+@pytest.mark.parametrize("needs", ["x", "weight", "bias", "weight+bias"])
+def test_backward_computes_only_needed_grads(device, needs):
+    wanted = needs.split("+")
+    x = rand(32, 64, device=device, dtype=torch.bfloat16).requires_grad_("x" in wanted)
+    weight = rand(64, device=device, dtype=torch.bfloat16).requires_grad_("weight" in wanted)
+    bias = rand(64, device=device, dtype=torch.bfloat16).requires_grad_("bias" in wanted)
+    cutlass_ext.layer_norm(x, weight, bias).float().sum().backward()
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        assert (t.grad is not None) == (name in wanted)
+
+
+@requires_cuda
+def test_backward_is_deterministic():
+    x = rand(8192, 512, device="cuda", dtype=torch.bfloat16)
+    weight, bias = make_affine("both", 512, "cuda", torch.bfloat16)
+    grad = rand(8192, 512, device="cuda", dtype=torch.bfloat16)
+    _, mean, rstd = torch.ops.cutlass_ext.layer_norm(x, weight, bias, 1e-5, True, 0.0, None)
+    args = (grad, x, weight, mean, rstd, True, 0.0, None, True, True, True)
+    first = torch.ops.cutlass_ext._layer_norm_backward(*args)
+    second = torch.ops.cutlass_ext._layer_norm_backward(*args)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------
+# Dropout and its RNG
+
+# Known answers of csrc/common/counter_rng.h (CounterRng(seed).bits(index)), printed by a host build
+# of the header: they tie the Python twin to the C++ definition on machines without a GPU.
+KAT_INDEX = [0, 1, 7, 1000, 2**32 - 1, 2**32, 2**32 + 1, 123456789012345]
+KAT = [
+    (0, [757136469, 2677955303, 8210134, 1026557469, 3499224198, 869248157, 2181671798, 698578735]),
+    (-5, [1882463703, 2309707066, 2251595171, 1587447582, 1125546911, 4078992753, 1253274033, 2166356895]),
+    (0x123456789ABCDEF, [3330378434, 2716719892, 3126016164, 1723522789, 1201803217, 1143629004, 1626538092,
+                         3925761209]),
+]
+
+
+def test_rng_twin_matches_cpp_known_answers():
+    index = torch.tensor(KAT_INDEX, dtype=torch.int64)
+    for seed, expected in KAT:
+        assert _rng.bits(torch.tensor([seed]), index).tolist() == expected
+    assert _rng.keep_threshold(0.1) == 429496730 and _rng.keep_threshold(1.0) == 2**32
+    assert _rng.keep_threshold(0.0) == 0
+
+
+def test_rng_is_uniform_and_seed_dependent():
+    index = torch.arange(1 << 16, dtype=torch.int64)
+    u = _rng.uniform(torch.tensor([12345]), index)
+    counts = torch.histc(u, bins=16, min=0, max=1)
+    expected = len(index) / 16
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 45, chi2  # 15 degrees of freedom; p ~ 1e-4
+    other = _rng.uniform(torch.tensor([12346]), index)
+    assert abs(torch.corrcoef(torch.stack([u, other]))[0, 1].item()) < 0.02
+    assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.02
+
+
+@pytest.mark.parametrize("cols", [7, 512, 4097])
+def test_dropout_mask_matches_twin(device, cols):
+    x = rand(24, cols, device=device, dtype=torch.float32)
+    seed = torch.tensor([987654321987], dtype=torch.int64, device=device)
+    p = 0.3
+    y, _, _ = torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, False, p, seed)
+    keep = keep_mask(seed, x.shape, p)
+    assert torch.equal(y != 0, keep)  # x is random: no kept element normalizes to exactly 0
+    torch.testing.assert_close(y.double(), ref_layer_norm(x, None, None, keep=keep, p=p), rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_reproducible_with_manual_seed(device):
+    x = rand(64, 256, device=device, dtype=torch.bfloat16)
+    torch.manual_seed(7)
+    first = cutlass_ext.layer_norm(x, dropout_p=0.5)
+    torch.manual_seed(7)
+    second = cutlass_ext.layer_norm(x, dropout_p=0.5)
+    third = cutlass_ext.layer_norm(x, dropout_p=0.5)
+    assert torch.equal(first, second)
+    assert not torch.equal(first == 0, third == 0)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_statistics(device, p):
+    x = rand(256, 1024, device=device, dtype=torch.float32)
+    y = cutlass_ext.layer_norm(x, dropout_p=p)
+    dropped = (y == 0).double()
+    n = dropped.numel()
+    assert abs(dropped.mean().item() - p) < 5 * (p * (1 - p) / n) ** 0.5
+    # Rows and columns drop alike (no structure in the mask).
+    assert (dropped.mean(1) - p).abs().max().item() < 6 * (p * (1 - p) / 1024) ** 0.5
+    assert (dropped.mean(0) - p).abs().max().item() < 6 * (p * (1 - p) / 256) ** 0.5
+    # Kept values are scaled by 1/(1-p).
+    kept = y != 0
+    ln = ref_layer_norm(x, None, None)
+    torch.testing.assert_close(y[kept].double(), ln[kept] / (1 - p), rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_edge_probabilities(device, monkeypatch):
+    x = rand(16, 128, device=device, dtype=torch.float16)
+    assert torch.equal(cutlass_ext.layer_norm(x, dropout_p=1.0), torch.zeros_like(x))
+    plain = cutlass_ext.layer_norm(x)
+    seeds = []
+    real_op = torch.ops.cutlass_ext.layer_norm
+
+    class Recorder:
+        def __call__(self, *args):
+            seeds.append(args[-1])
+            return real_op(*args)
+
+    monkeypatch.setattr(torch.ops.cutlass_ext, "layer_norm", Recorder())
+    assert torch.equal(cutlass_ext.layer_norm(x, dropout_p=0.5, training=False), plain)
+    assert torch.equal(cutlass_ext.layer_norm(x, dropout_p=0.0), plain)
+    assert seeds == [None, None]
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("cols", [7, 1000, pytest.param(65536, marks=requires_cuda)])
+def test_backward_with_dropout(device, cols, relu):
+    dtype = torch.float32
+    rows = 48 if cols < 65536 else 4
+    p = 0.25
+    x = rand(rows, cols, device=device, dtype=dtype)
+    weight, bias = make_affine("both", cols, device, dtype)
+    seed = torch.tensor([-1234567], dtype=torch.int64, device=device)
+    grad_out = rand(rows, cols, device=device, dtype=dtype)
+    fn = lambda a, w, b: torch.ops.cutlass_ext.layer_norm(a, w, b, 1e-5, relu, p, seed)[0]  # noqa: E731
+    out, ours = grads_of(fn, [x, weight, bias], grad_out)
+    keep = keep_mask(seed, x.shape, p)
+    ref_out, ref = grads_of(lambda a, w, b: ref_layer_norm(a, w, b, relu=relu, keep=keep, p=p),
+                            [x.double(), weight.double(), bias.double()], grad_out.double())
+    assert_close_to_reference(out, ref_out, None, "fp32")
+    for name, o, r in zip(("dx", "dweight", "dbias"), ours, ref):
+        assert_close_to_reference(o, r, None, "fp32", what=name)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library.opcheck, torch.compile, CUDA graphs, streams
+
+
+def _opcheck_inputs(device):
+    x = rand(2, 12, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    weight = rand(40, device=device, dtype=torch.bfloat16).requires_grad_()
+    bias = rand(40, device=device, dtype=torch.bfloat16).requires_grad_()
+    seed = torch.tensor([42], dtype=torch.int64, device=device)
+    return x, weight, bias, seed
+
+
+@pytest.mark.parametrize("relu,p", [(False, 0.0), (True, 0.0), (True, 0.3)])
+def test_opcheck_layer_norm(device, relu, p):
+    x, weight, bias, seed = _opcheck_inputs(device)
+    s = seed if p > 0 else None
+    torch.library.opcheck(torch.ops.cutlass_ext.layer_norm.default, (x, weight, bias, 1e-5, relu, p, s))
+    torch.library.opcheck(torch.ops.cutlass_ext.layer_norm.default, (x, None, None, 1e-5, relu, p, s))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_opcheck_layer_norm_backward(device, p):
+    x, weight, _, seed = _opcheck_inputs(device)
+    x, weight = x.detach(), weight.detach()
+    s = seed if p > 0 else None
+    _, mean, rstd = torch.ops.cutlass_ext.layer_norm(x, weight, None, 1e-5, True, p, s)
+    grad = rand(*x.shape, device=device, dtype=x.dtype)
+    for needs in [(True, True, True), (True, False, False), (False, True, True), (False, False, True)]:
+        w = weight if needs[1] else None
+        torch.library.opcheck(torch.ops.cutlass_ext._layer_norm_backward.default,
+                              (grad, x, w, mean, rstd, True, p, s, *needs))
+
+
+def _compile_backend(device):
+    return "inductor" if device == "cuda" else "aot_eager"
+
+
+def test_compile_fullgraph(device):
+    torch._dynamo.reset()
+    x, weight, bias, _ = _opcheck_inputs(device)
+
+    def step(a, w, b):
+        return cutlass_ext.layer_norm(a, w, b, relu=True).float().square().mean()
+
+    compiled = torch.compile(step, fullgraph=True, backend=_compile_backend(device))
+    loss = compiled(x, weight, bias)
+    loss.backward()
+    grads = [t.grad.clone() for t in (x, weight, bias)]
+    for t in (x, weight, bias):
+        t.grad = None
+    eager_loss = step(x, weight, bias)
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-2, atol=1e-3)
+    for g, t in zip(grads, (x, weight, bias)):
+        torch.testing.assert_close(g, t.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_compile_fullgraph_dropout(device):
+    torch._dynamo.reset()
+    x = rand(64, 256, device=device, dtype=torch.float32)
+    compiled = torch.compile(lambda a: cutlass_ext.layer_norm(a, dropout_p=0.5), fullgraph=True,
+                             backend=_compile_backend(device))
+    first, second = compiled(x), compiled(x)
+    assert abs((first == 0).double().mean().item() - 0.5) < 0.02
+    assert not torch.equal(first == 0, second == 0)  # a fresh seed per call
+
+
+@requires_cuda
+def test_cuda_graph_replay_new_data():
+    x = rand(512, 1024, device="cuda", dtype=torch.bfloat16)
+    weight, bias = make_affine("both", 1024, "cuda", torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cutlass_ext.layer_norm(x, weight, bias, relu=True)  # warm-up (builds, allocates)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cutlass_ext.layer_norm(x, weight, bias, relu=True)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, cutlass_ext.layer_norm(x, weight, bias, relu=True), rtol=0, atol=0)
+
+
+@requires_cuda
+def test_cuda_graph_dropout_draws_a_new_mask_per_replay():
+    x = rand(256, 512, device="cuda", dtype=torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cutlass_ext.layer_norm(x, dropout_p=0.5)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cutlass_ext.layer_norm(x, dropout_p=0.5)
+    masks = []
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        masks.append(out == 0)
+        assert abs(masks[-1].double().mean().item() - 0.5) < 0.02
+    assert not torch.equal(masks[0], masks[1])
+
+
+@requires_cuda
+def test_cuda_graph_training_step():
+    x = rand(256, 512, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    weight, bias = make_affine("both", 512, "cuda", torch.bfloat16)
+    weight.requires_grad_()
+    bias.requires_grad_()
+
+    def step(a, w, b):
+        return cutlass_ext.layer_norm(a, w, b, relu=True)
+
+    graphed = torch.cuda.make_graphed_callables(step, (x, weight, bias))
+    x2 = rand(256, 512, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    graphed(x2, weight, bias).float().square().sum().backward()
+    g_graph = (x2.grad.clone(), weight.grad.clone(), bias.grad.clone())
+    for t in (x2, weight, bias):
+        t.grad = None
+    step(x2, weight, bias).float().square().sum().backward()
+    for a, b in zip(g_graph, (x2.grad, weight.grad, bias.grad)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@requires_cuda
+def test_runs_on_current_stream():
+    side = torch.cuda.Stream()
+    x = rand(4096, 512, device="cuda", dtype=torch.float16)
+    expected = cutlass_ext.layer_norm(x, relu=True)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x2 = x * 1  # produced on the side stream, consumed by the next launch on it
+        out = cutlass_ext.layer_norm(x2, relu=True)
+    side.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: every error names the argument
+
+
+def _good():
+    return rand(8, 16, device="cpu", dtype=torch.float16), rand(16, device="cpu", dtype=torch.float16)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,pattern",
+    [
+        (lambda x, w: (x.double(), None, None, {}), TypeError, "x has dtype torch.float64"),
+        (lambda x, w: (x, w.float(), None, {}), TypeError, "weight has dtype torch.float32 but x"),
+        (lambda x, w: (x, None, w.bfloat16(), {}), TypeError, "bias has dtype"),
+        (lambda x, w: (x, w.to("meta"), None, {}), ValueError, "weight is on meta but x is on cpu"),
+        (lambda x, w: (x, w[:8], None, {}), ValueError, r"weight must have shape \[C\] = \[16\]"),
+        (lambda x, w: (x, None, torch.zeros(2, 16, dtype=torch.float16), {}), ValueError, "bias must have shape"),
+        (lambda x, w: (x[:, :0], None, None, {}), ValueError, "x must have shape"),
+        (lambda x, w: (x.sum(), None, None, {}), ValueError, "x must have shape"),
+        (lambda x, w: (x, None, None, {"dropout_p": 1.5}), ValueError, "dropout_p must be in"),
+        (lambda x, w: (x, None, None, {"dropout_p": -0.1}), ValueError, "dropout_p must be in"),
+        (lambda x, w: (x, None, None, {"eps": -1.0}), ValueError, "eps must be"),
+        (lambda x, w: (x.numpy(), None, None, {}), TypeError, "x must be a torch.Tensor"),
+    ],
+)
+def test_rejects_bad_input(mutate, exc, pattern):
+    x, w = _good()
+    a, weight, bias, kwargs = mutate(x, w)
+    with pytest.raises(exc, match=pattern):
+        cutlass_ext.layer_norm(a, weight, bias, **kwargs)
+
+
+@requires_cuda
+def test_device_mix_with_cuda_is_rejected():
+    x, w = _good()
+    with pytest.raises(ValueError, match="weight is on cuda:0 but x is on cpu"):
+        cutlass_ext.layer_norm(x, w.cuda())

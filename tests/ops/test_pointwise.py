@@ -1,0 +1,464 @@
+"""cutlass_ext.bias_act / sum / add against float64 references, on CPU (reference kernels) and
+CUDA (hand-written kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutlass_ext
+from cutlass_ext.ops import _activation
+
+from ..conftest import requires_cuda
+from ..helpers import DTYPES, assert_close_to_reference
+
+DTYPE_NAMES = ["fp16", "bf16", "fp32"]
+ACTS = list(_activation.ACTIVATIONS)
+
+
+def rand(*shape, device, dtype, scale=1.0):
+    return torch.randn(*shape, device=device, dtype=torch.float32).mul_(scale).to(dtype)
+
+
+def grads_of(fn, inputs, grad_out):
+    inputs = [x.detach().requires_grad_(True) if x is not None else None for x in inputs]
+    out = fn(*inputs)
+    out.backward(grad_out)
+    return out, [x.grad if x is not None else None for x in inputs]
+
+
+# ------------------------------------------------------------------------------------------------
+# bias_act
+
+
+def ref_bias_act(x, bias, act, scale, residual):
+    """The same math with torch ops, in x's dtype (torch's own error) or float64 (the reference)."""
+    z = x * scale
+    if bias is not None:
+        z = z + bias
+    if residual is not None:
+        z = z + residual
+    return _activation.apply(z, act)
+
+
+def check_bias_act(x, bias, act, scale, residual, dtype_name):
+    out = cutlass_ext.bias_act(x, bias, act, scale=scale, residual=residual)
+    assert out.dtype == x.dtype and out.is_contiguous() and out.shape == x.shape
+    d = lambda t: t.double() if t is not None else None  # noqa: E731
+    ref = ref_bias_act(d(x), d(bias), act, scale, d(residual))
+    assert_close_to_reference(out, ref, ref_bias_act(x, bias, act, scale, residual), dtype_name)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_bias_act_activations(device, dtype_name, act):
+    dtype = DTYPES[dtype_name]
+    x = rand(67, 136, device=device, dtype=dtype)
+    bias = rand(136, device=device, dtype=dtype)
+    residual = rand(67, 136, device=device, dtype=dtype)
+    check_bias_act(x, bias, act, 0.75, residual, dtype_name)
+
+
+@pytest.mark.parametrize("with_bias,with_residual", [(True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("scale", [1.0, -2.5])
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_bias_act_optional_inputs(device, dtype_name, scale, with_bias, with_residual):
+    dtype = DTYPES[dtype_name]
+    x = rand(3, 40, 96, device=device, dtype=dtype)
+    bias = rand(96, device=device, dtype=dtype) if with_bias else None
+    residual = rand(3, 40, 96, device=device, dtype=dtype) if with_residual else None
+    check_bias_act(x, bias, "gelu", scale, residual, dtype_name)
+
+
+# name -> builder of x given (device, dtype); each returns x with the described shape or layout.
+BIAS_ACT_CASES = {
+    "one": lambda d, t: rand(1, 1, device=d, dtype=t),
+    "odd": lambda d, t: rand(5, 7, device=d, dtype=t),
+    "c1000": lambda d, t: rand(33, 1000, device=d, dtype=t),
+    "c4097": lambda d, t: rand(9, 4097, device=d, dtype=t),
+    "long_row": lambda d, t: rand(3, 262144, device=d, dtype=t),
+    "many_rows": lambda d, t: rand(20000, 24, device=d, dtype=t),
+    "zero_rows": lambda d, t: rand(0, 64, device=d, dtype=t),
+    "vector": lambda d, t: rand(48, device=d, dtype=t),
+    "batched": lambda d, t: rand(2, 3, 17, 40, device=d, dtype=t),
+    "noncontig": lambda d, t: rand(96, 200, device=d, dtype=t)[:, 8:136],
+    "offset": lambda d, t: rand(64 * 64 + 1, device=d, dtype=t)[1:].view(64, 64),
+    "transposed": lambda d, t: rand(64, 72, device=d, dtype=t).t(),
+    "expanded_rows": lambda d, t: rand(1, 256, device=d, dtype=t).expand(50, 256),
+}
+
+
+@pytest.mark.parametrize("case", list(BIAS_ACT_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_bias_act_shapes(device, dtype_name, case):
+    dtype = DTYPES[dtype_name]
+    x = BIAS_ACT_CASES[case](device, dtype)
+    c = x.shape[-1]
+    bias = rand(c + 1, device=device, dtype=dtype)[1:]  # an unaligned bias as well
+    residual = BIAS_ACT_CASES[case](device, dtype)
+    check_bias_act(x, bias, "silu", 1.5, residual, dtype_name)
+
+
+def test_bias_act_nan_propagates(device):
+    x = rand(32, 64, device=device, dtype=torch.bfloat16)
+    x[3, 5] = float("nan")
+    out = cutlass_ext.bias_act(x, None, "relu")
+    assert torch.isnan(out[3, 5]) and torch.isfinite(out[:3]).all()
+
+
+def test_bias_act_default_is_relu_and_none_means_identity(device):
+    x = rand(16, 32, device=device, dtype=torch.float32)
+    assert torch.equal(cutlass_ext.bias_act(x), torch.relu(x))
+    assert torch.equal(cutlass_ext.bias_act(x, activation=None), cutlass_ext.bias_act(x, activation="none"))
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_bias_act_backward(device, dtype_name, act):
+    dtype = DTYPES[dtype_name]
+    x = rand(3, 50, 72, device=device, dtype=dtype)
+    bias = rand(72, device=device, dtype=dtype)
+    residual = rand(3, 50, 72, device=device, dtype=dtype)
+    grad_out = rand(3, 50, 72, device=device, dtype=dtype)
+    scale = 1.25
+
+    def ours(a, b, r):
+        return cutlass_ext.bias_act(a, b, act, scale=scale, residual=r)
+
+    _, mine = grads_of(ours, [x, bias, residual], grad_out)
+    _, peer = grads_of(lambda a, b, r: ref_bias_act(a, b, act, scale, r), [x, bias, residual], grad_out)
+    _, ref = grads_of(lambda a, b, r: ref_bias_act(a, b, act, scale, r),
+                      [x.double(), bias.double(), residual.double()], grad_out.double())
+    for name, o, p, r in zip(("dx", "dbias", "dresidual"), mine, peer, ref):
+        assert o.dtype == dtype
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+
+
+@pytest.mark.parametrize("case", ["odd", "c4097", "many_rows", "zero_rows", "noncontig", "offset"])
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh", "none"])
+def test_bias_act_backward_shapes(device, act, case):
+    dtype = torch.bfloat16
+    x = BIAS_ACT_CASES[case](device, dtype)
+    bias = rand(x.shape[-1], device=device, dtype=dtype)
+    residual = BIAS_ACT_CASES[case](device, dtype)
+    grad_out = BIAS_ACT_CASES[case](device, dtype)
+    _, mine = grads_of(lambda a, b, r: cutlass_ext.bias_act(a, b, act, scale=0.5, residual=r),
+                       [x, bias, residual], grad_out)
+    _, peer = grads_of(lambda a, b, r: ref_bias_act(a, b, act, 0.5, r), [x, bias, residual], grad_out)
+    _, ref = grads_of(lambda a, b, r: ref_bias_act(a, b, act, 0.5, r),
+                      [x.double(), bias.double(), residual.double()], grad_out.double())
+    for name, o, p, r in zip(("dx", "dbias", "dresidual"), mine, peer, ref):
+        if x.shape[0] == 0 and name == "dbias":
+            assert torch.equal(o, torch.zeros_like(o))  # a sum over zero rows
+            continue
+        assert_close_to_reference(o, r, p, "bf16", what=name)
+
+
+@pytest.mark.parametrize("needs", ["x", "bias", "residual", "x+bias", "bias+residual"])
+def test_bias_act_backward_computes_only_needed_grads(device, needs):
+    wanted = needs.split("+")
+    x = rand(40, 24, device=device, dtype=torch.float32).requires_grad_("x" in wanted)
+    bias = rand(24, device=device, dtype=torch.float32).requires_grad_("bias" in wanted)
+    residual = rand(40, 24, device=device, dtype=torch.float32).requires_grad_("residual" in wanted)
+    out = cutlass_ext.bias_act(x, bias, "gelu", scale=2.0, residual=residual)
+    out.backward(torch.ones_like(out))
+    for name, t in (("x", x), ("bias", bias), ("residual", residual)):
+        assert (t.grad is not None) == (name in wanted)
+
+
+@requires_cuda
+def test_bias_act_backward_is_one_fused_pass():
+    x = rand(4096, 512, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    bias = rand(512, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    residual = rand(4096, 512, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    out = cutlass_ext.bias_act(x, bias, "gelu", residual=residual)
+    grad = torch.ones_like(out)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out.backward(grad)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("bias_act_backward_kernel" in n for n in names) == 1, names
+    # FillFunctor: the tests' NaN poisoning of outputs; sum_partials: the deterministic dbias finalize.
+    others = [n for n in names if not any(k in n for k in ("bias_act_backward_kernel", "sum_partials", "FillFunctor",
+                                                            "Memset"))]
+    assert others == [], others
+
+
+@requires_cuda
+def test_bias_act_backward_is_deterministic():
+    x = rand(16384, 256, device="cuda", dtype=torch.bfloat16)
+    grad = rand(16384, 256, device="cuda", dtype=torch.bfloat16)
+    bias = rand(256, device="cuda", dtype=torch.bfloat16)
+    args = (grad, x, bias, None, "gelu", 1.0, True, True, False)
+    first = torch.ops.cutlass_ext._bias_act_backward(*args)
+    second = torch.ops.cutlass_ext._bias_act_backward(*args)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# sum
+
+
+def check_sum(x, dim, keepdim, dtype_name):
+    out = cutlass_ext.sum(x, dim, keepdim=keepdim)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    assert out.dtype == x.dtype and out.is_contiguous()
+    ref = torch.sum(x.double(), dims, keepdim=keepdim)
+    assert_close_to_reference(out, ref, torch.sum(x, dims, keepdim=keepdim), dtype_name)
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dim", [0, -1, 1, (0, 2), [2, 0, 1], (-1, -2)])
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_sum_dims(device, dtype_name, dim, keepdim):
+    x = rand(12, 33, 40, device=device, dtype=DTYPES[dtype_name])
+    check_sum(x, dim, keepdim, dtype_name)
+
+
+# name -> (builder of x given (device, dtype), dim)
+SUM_CASES = {
+    "row_1": (lambda d, t: rand(64, 1, device=d, dtype=t), -1),
+    "row_7": (lambda d, t: rand(100, 7, device=d, dtype=t), -1),
+    "row_1000": (lambda d, t: rand(50, 1000, device=d, dtype=t), -1),
+    "row_4097": (lambda d, t: rand(9, 4097, device=d, dtype=t), -1),
+    "long_rows": (lambda d, t: rand(3, 262144, device=d, dtype=t), -1),
+    "one_long_row": (lambda d, t: rand(100003, device=d, dtype=t), 0),
+    "many_short_rows": (lambda d, t: rand(50000, 12, device=d, dtype=t), 1),
+    "col_7": (lambda d, t: rand(300, 7, device=d, dtype=t), 0),
+    "col_4097": (lambda d, t: rand(33, 4097, device=d, dtype=t), 0),
+    "tall_columns": (lambda d, t: rand(20000, 24, device=d, dtype=t), 0),
+    "middle": (lambda d, t: rand(6, 500, 10, device=d, dtype=t), 1),
+    "zero_rows_reduced": (lambda d, t: rand(0, 16, device=d, dtype=t), 0),
+    "zero_rows_kept": (lambda d, t: rand(0, 16, device=d, dtype=t), 1),
+    "noncontig_rows": (lambda d, t: rand(96, 200, device=d, dtype=t)[:, 8:136], -1),
+    "noncontig_cols": (lambda d, t: rand(96, 200, device=d, dtype=t)[:, 8:136], 0),
+    "offset": (lambda d, t: rand(64 * 64 + 1, device=d, dtype=t)[1:].view(64, 64), -1),
+    "transposed": (lambda d, t: rand(64, 72, device=d, dtype=t).t(), 0),
+    "permuted": (lambda d, t: rand(5, 6, 32, device=d, dtype=t).permute(2, 0, 1), (0, 2)),
+    "expanded": (lambda d, t: rand(1, 48, device=d, dtype=t).expand(30, 48), 0),
+    "all_dims": (lambda d, t: rand(7, 9, 11, device=d, dtype=t), (0, 1, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(SUM_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_sum_shapes(device, dtype_name, case):
+    make, dim = SUM_CASES[case]
+    check_sum(make(device, DTYPES[dtype_name]), dim, False, dtype_name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_sum_bias_grad_shape(dtype_name):
+    x = rand(65536, 512, device="cuda", dtype=DTYPES[dtype_name])
+    check_sum(x, 0, False, dtype_name)
+    check_sum(x[:, :200], 0, False, dtype_name)  # strided columns: scalar path, no copy
+
+
+@requires_cuda
+def test_sum_is_deterministic():
+    for shape, dim in (((65536, 512), 0), ((4, 262144), 1)):
+        x = rand(*shape, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(cutlass_ext.sum(x, dim), cutlass_ext.sum(x, dim))
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dim", [0, (0, 2), -1])
+def test_sum_backward(device, dim, keepdim):
+    x = rand(4, 6, 8, device=device, dtype=torch.float32)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    grad_out = rand(*torch.sum(x, dims, keepdim=keepdim).shape, device=device, dtype=torch.float32)
+    _, (mine,) = grads_of(lambda t: cutlass_ext.sum(t, dim, keepdim=keepdim), [x], grad_out)
+    _, (ref,) = grads_of(lambda t: torch.sum(t, dims, keepdim=keepdim), [x.double()], grad_out.double())
+    assert mine.shape == x.shape
+    torch.testing.assert_close(mine.double(), ref, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# add
+
+ADD_CASES = {
+    "one": lambda d, t: rand(1, device=d, dtype=t),
+    "tail": lambda d, t: rand(1000003, device=d, dtype=t),  # numel % 8 != 0
+    "batched": lambda d, t: rand(3, 17, 40, device=d, dtype=t),
+    "zero": lambda d, t: rand(0, 5, device=d, dtype=t),
+    "noncontig": lambda d, t: rand(96, 200, device=d, dtype=t)[:, 8:136],
+    "offset": lambda d, t: rand(64 * 64 + 1, device=d, dtype=t)[1:].view(64, 64),
+    "transposed": lambda d, t: rand(64, 72, device=d, dtype=t).t(),
+}
+
+
+@pytest.mark.parametrize("b_case", ["same", "contiguous"])
+@pytest.mark.parametrize("case", list(ADD_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_add(device, dtype_name, case, b_case):
+    dtype = DTYPES[dtype_name]
+    a = ADD_CASES[case](device, dtype)
+    b = ADD_CASES[case](device, dtype) if b_case == "same" else rand(*a.shape, device=device, dtype=dtype)
+    out = cutlass_ext.add(a, b)
+    assert out.dtype == dtype and out.is_contiguous() and out.shape == a.shape
+    if a.numel() == 0:
+        return
+    assert_close_to_reference(out, a.double() + b.double(), a + b, dtype_name)
+
+
+def test_add_backward(device):
+    a = rand(5, 9, device=device, dtype=torch.bfloat16)
+    b = rand(5, 9, device=device, dtype=torch.bfloat16)
+    grad_out = rand(5, 9, device=device, dtype=torch.bfloat16)
+    _, (ga, gb) = grads_of(cutlass_ext.add, [a, b], grad_out)
+    assert torch.equal(ga, grad_out) and torch.equal(gb, grad_out)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library.opcheck, torch.compile, CUDA graphs, streams
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "sigmoid"])
+def test_opcheck_bias_act(device, act):
+    x = rand(2, 24, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    bias = rand(40, device=device, dtype=torch.bfloat16).requires_grad_()
+    residual = rand(2, 24, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    op = torch.ops.cutlass_ext.bias_act.default
+    torch.library.opcheck(op, (x, bias, act, 0.5, residual))
+    torch.library.opcheck(op, (x, None, act, 1.0, None))
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "silu"])
+def test_opcheck_bias_act_backward(device, act):
+    x = rand(2, 24, 40, device=device, dtype=torch.float16)
+    grad = rand(2, 24, 40, device=device, dtype=torch.float16)
+    bias = rand(40, device=device, dtype=torch.float16)
+    residual = rand(2, 24, 40, device=device, dtype=torch.float16)
+    op = torch.ops.cutlass_ext._bias_act_backward.default
+    for needs in [(True, True, True), (True, False, False), (False, True, False), (False, False, True)]:
+        torch.library.opcheck(op, (grad, x, bias, residual, act, 2.0, *needs))
+    torch.library.opcheck(op, (grad, x, None, None, act, 1.0, True, False, False))
+
+
+def test_opcheck_sum_and_add(device):
+    x = rand(6, 10, 12, device=device, dtype=torch.float32).requires_grad_()
+    y = rand(6, 10, 12, device=device, dtype=torch.float32).requires_grad_()
+    for dim, keepdim in [([0], False), ([2], True), ([0, 2], False), ([-1, 0, 1], True)]:
+        torch.library.opcheck(torch.ops.cutlass_ext.sum.default, (x, dim, keepdim))
+    torch.library.opcheck(torch.ops.cutlass_ext.add.default, (x, y))
+    torch.library.opcheck(torch.ops.cutlass_ext.add.default, (x.detach().transpose(0, 2), y.detach().transpose(0, 2)))
+
+
+def _compile_backend(device):
+    return "inductor" if device == "cuda" else "aot_eager"
+
+
+def test_compile_fullgraph(device):
+    torch._dynamo.reset()
+    x = rand(64, 96, device=device, dtype=torch.float32).requires_grad_()
+    bias = rand(96, device=device, dtype=torch.float32).requires_grad_()
+    residual = rand(64, 96, device=device, dtype=torch.float32).requires_grad_()
+
+    def step(x, b, r):
+        h = cutlass_ext.bias_act(x, b, "gelu", scale=0.5, residual=r)
+        h = cutlass_ext.add(h, r)
+        return cutlass_ext.sum(h.square(), (0, 1))
+
+    compiled = torch.compile(step, fullgraph=True, backend=_compile_backend(device))
+    loss = compiled(x, bias, residual)
+    loss.backward()
+    grads = [t.grad.clone() for t in (x, bias, residual)]
+    for t in (x, bias, residual):
+        t.grad = None
+    eager = step(x, bias, residual)
+    eager.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-5)
+    for g, t in zip(grads, (x, bias, residual)):
+        torch.testing.assert_close(g, t.grad, rtol=1e-5, atol=1e-5)
+
+
+@requires_cuda
+def test_cuda_graph_capture():
+    x = rand(512, 256, device="cuda", dtype=torch.bfloat16)
+    bias = rand(256, device="cuda", dtype=torch.bfloat16)
+    residual = rand(512, 256, device="cuda", dtype=torch.bfloat16)
+
+    def run():
+        y = cutlass_ext.bias_act(x, bias, "silu", scale=2.0, residual=residual)
+        dx, db, dr = torch.ops.cutlass_ext._bias_act_backward(y, x, bias, residual, "silu", 2.0, True, True, True)
+        return y, cutlass_ext.sum(x, 0), cutlass_ext.sum(x, 1), cutlass_ext.add(y, residual), dx, db, dr
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # warm-up (builds, allocates)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run()
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        residual.copy_(torch.randn_like(residual))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, expected in zip(outs, run()):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@requires_cuda
+def test_runs_on_current_stream():
+    side = torch.cuda.Stream()
+    x = rand(4096, 1024, device="cuda", dtype=torch.float16)
+    bias = rand(1024, device="cuda", dtype=torch.float16)
+    expected = (cutlass_ext.bias_act(x, bias, "gelu"), cutlass_ext.sum(x, 0), cutlass_ext.add(x, x))
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x2 = x * 1  # produced on the side stream, consumed by the next launches on it
+        got = (cutlass_ext.bias_act(x2, bias, "gelu"), cutlass_ext.sum(x2, 0), cutlass_ext.add(x2, x2))
+    side.synchronize()
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: every error names the argument
+
+
+def _x():
+    return rand(8, 16, device="cpu", dtype=torch.float16)
+
+
+@pytest.mark.parametrize(
+    "call,exc,pattern",
+    [
+        (lambda x: cutlass_ext.bias_act(x.double()), TypeError, "x has dtype torch.float64"),
+        (lambda x: cutlass_ext.bias_act(x, torch.zeros(16)), TypeError, "bias has dtype torch.float32 but x"),
+        (lambda x: cutlass_ext.bias_act(x, x[0].to("meta")), ValueError, "bias is on meta but x is on cpu"),
+        (lambda x: cutlass_ext.bias_act(x, x[0, :5]), ValueError, r"bias must have shape \[C\]"),
+        (lambda x: cutlass_ext.bias_act(x, residual=x[:4]), ValueError, "residual must have x's shape"),
+        (lambda x: cutlass_ext.bias_act(x, residual=x.float()), TypeError, "residual has dtype"),
+        (lambda x: cutlass_ext.bias_act(x, activation="tanh"), ValueError, "activation must be one of"),
+        (lambda x: cutlass_ext.bias_act(x, scale=x), TypeError, "scale must be a Python number"),
+        (lambda x: cutlass_ext.bias_act(x.sum()), ValueError, "x must have at least 1 dimension"),
+        (lambda x: cutlass_ext.bias_act(x.numpy()), TypeError, "x must be a torch.Tensor"),
+        (lambda x: cutlass_ext.sum(x.int(), 0), TypeError, "x has dtype torch.int32"),
+        (lambda x: cutlass_ext.sum(x, 2), IndexError, "dim 2 is out of range"),
+        (lambda x: cutlass_ext.sum(x, (0, -2)), ValueError, "dim lists dimension 0 twice"),
+        (lambda x: cutlass_ext.sum(x, ()), ValueError, "dim must name at least one dimension"),
+        (lambda x: cutlass_ext.sum(x, 0.5), TypeError, "dim must be an int"),
+        (lambda x: cutlass_ext.sum(x.sum(), 0), ValueError, "x must have at least 1 dimension"),
+        (lambda x: cutlass_ext.add(x, x.float()), TypeError, "b has dtype torch.float32 but a"),
+        (lambda x: cutlass_ext.add(x, x.t()), ValueError, "b has shape"),
+        (lambda x: cutlass_ext.add(x, x.to("meta")), ValueError, "b is on meta but a is on cpu"),
+        (lambda x: cutlass_ext.add(x.double(), x.double()), TypeError, "a has dtype torch.float64"),
+        (lambda x: cutlass_ext.add([1.0], x), TypeError, "a must be a torch.Tensor"),
+    ],
+)
+def test_rejects_bad_input(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call(_x())
+
+
+@requires_cuda
+def test_device_mix_with_cuda_is_rejected():
+    x = _x()
+    with pytest.raises(ValueError, match="bias is on cuda:0 but x is on cpu"):
+        cutlass_ext.bias_act(x, x[0].cuda())
+    with pytest.raises(ValueError, match="b is on cuda:0 but a is on cpu"):
+        cutlass_ext.add(x, x.cuda())
