@@ -94,10 +94,11 @@ class GemmKernel:
     b_major: str  # "k" | "n"
     aux: bool
     config: GemmConfig | SimtConfig
+    with_c: bool = False  # the epilogue adds beta * C (LoRA terms, in-place weight merges)
 
     @property
     def name(self) -> str:
-        epilogue = "bias_act_aux" if self.aux else "bias_act"
+        epilogue = "bias_act_aux" if self.aux else "c_bias_act" if self.with_c else "bias_act"
         return f"{self.family}_{self.dtype}_{self.a_major}{self.b_major}_{epilogue}_{self.config.name}"
 
     @property
@@ -112,7 +113,7 @@ class GemmKernel:
             tile_k = cfg.tile_k_bytes // size
             bundle = (
                 f"::cutlass_ext::sm90::GemmBundle<{element}, {A_LAYOUT[self.a_major]}, "
-                f"{B_LAYOUT[self.b_major]}, {str(self.aux).lower()}, {cfg.tile_m}, {cfg.tile_n}, {tile_k}, "
+                f"{B_LAYOUT[self.b_major]}, {str(self.aux).lower()}, {str(self.with_c).lower()}, {cfg.tile_m}, {cfg.tile_n}, {tile_k}, "
                 f"{cfg.cluster_m}, {cfg.cluster_n}, ::cutlass_ext::sm90::{cfg.schedule}, "
                 f"::cutlass_ext::sm90::{cfg.scheduler}>"
             )
@@ -143,7 +144,7 @@ class GemmKernel:
         b = "kK" if self.b_major == "k" else "kMN"
         return (
             f'    {{"{self.name}", DType::{dtype_enum}, MathMode::{math_enum}, Major::{a}, Major::{b}, '
-            f'{str(self.aux).lower()}, "{cfg.name}", {tile_m}, {tile_n}, {str(stream_k).lower()}, '
+            f'{str(self.aux).lower()}, {str(self.with_c).lower()}, "{cfg.name}", {tile_m}, {tile_n}, {str(stream_k).lower()}, '
             f"&generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
         )
 
@@ -165,6 +166,12 @@ def all_kernels() -> list[GemmKernel]:
                     continue
                 for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
+            # Accumulating into C serves LoRA (the low-rank term, then the main GEMM on top of
+            # it) and in-place weight merges; their A operands are fresh K-major tensors. The
+            # data-parallel preferred config and the stream-K config cover large and small M.
+            if a == "k":
+                for cfg in TF32_CONFIGS if dtype == "tf32" else (SM90_CONFIGS[0], SM90_CONFIGS[2]):
+                    kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, with_c=True))
     for a, b in itertools.product("km", "kn"):
         for cfg in SIMT_CONFIGS:
             kernels.append(GemmKernel("simt", "f32", a, b, False, cfg))
@@ -197,7 +204,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "}  // namespace generated\n\n"
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
-        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, nullptr, 0, 0, false, "
+        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, nullptr, 0, 0, false, "
         "nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"

@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "bindings/common.h"
+#include "bindings/gemm_op.h"
 #include "common/activation.h"
 #include "elementwise/activation_kernels.h"
 #include "gemm/gemm_params.h"
@@ -79,11 +80,15 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 
 // Kernels built for this dtype, math mode, layout and epilogue (empty when the combination has
 // no instantiation, or a selective build left it out).
-std::vector<const GemmKernelEntry*> kernels_for(DType dtype, MathMode math, Major a, Major b, bool aux) {
+std::vector<const GemmKernelEntry*> kernels_for(DType dtype, MathMode math, Major a, Major b, bool aux,
+                                                bool with_c) {
   std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
-    if (e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b && e.aux == aux) out.push_back(&e);
+    if (e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b && e.aux == aux &&
+        e.source == with_c) {
+      out.push_back(&e);
+    }
   }
   return out;
 }
@@ -139,12 +144,16 @@ void run_activation(const at::Tensor& input, const at::Tensor& output, int64_t a
   check_launch(activation_forward(p, stream), "gemm", "activation_forward");
 }
 
-// How GEMMs run, from torch's fp32 precision setting and the benchmark overrides.
-struct GemmOptions {
-  bool exact_f32 = false;  // fp32 on the FMA units (precision "highest") rather than TF32
-  std::string config;      // CUTLASS_EXT_GEMM_CONFIG: force one config by name
-  int swizzle = 0;         // CUTLASS_EXT_GEMM_SWIZZLE: 1, 2, 4 or 8; 0 = heuristic
-};
+// Whether `t` [L, M, N] can be a kernel's C or D as is: unit column stride, aligned rows.
+bool epilogue_readable(const at::Tensor& t, int64_t align) {
+  const int64_t M = t.size(1), N = t.size(2);
+  if (N % align != 0 || !aligned16(t.data_ptr())) return false;
+  if (N > 1 && t.stride(2) != 1) return false;
+  if (M > 1 && t.stride(1) % align != 0) return false;
+  return t.size(0) == 1 || t.stride(0) % align == 0;
+}
+
+}  // namespace
 
 GemmOptions gemm_options() {
   GemmOptions o;
@@ -160,14 +169,15 @@ GemmOptions gemm_options() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// gemm: D = act(A @ B + bias), optionally also Aux = A @ B + bias.
-// a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N] (any strides); bias: [N] or None.
-// Returns (D, Aux) with D contiguous [.., M, N]; Aux is an empty tensor unless requested and the
-// activation's backward needs it.
+// gemm: D = act(alpha * A @ B + C + bias), optionally also Aux = the pre-activation.
+// a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N] (any strides); bias: [N] or None;
+// extra.c (added with beta = 1) and extra.out (where D goes; it may be c itself): like D.
+// Returns (D, Aux) with D contiguous [.., M, N] (or extra.out); Aux is an empty tensor unless
+// requested and the activation's backward needs it.
 
 std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor& b,
-                                        const c10::optional<at::Tensor>& bias, int64_t activation,
-                                        bool want_aux, const GemmOptions& opts) {
+                                           const c10::optional<at::Tensor>& bias, int64_t activation,
+                                           bool want_aux, const GemmOptions& opts, const GemmExtra& extra) {
   const char* op = "gemm";
   CE_CHECK(a.is_cuda() && b.is_cuda(), op, ": A and B must be CUDA tensors");
   CE_CHECK(a.device() == b.device(), op, ": A is on ", a.device(), " but B is on ", b.device());
@@ -182,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   at::Tensor a3 = batched ? a : a.unsqueeze(0);
   at::Tensor b3 = batched ? b : b.unsqueeze(0);
   const int64_t L = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
-  CE_CHECK(b3.size(0) == L && b3.size(1) == K, op, ": shapes ", a.sizes(), " and ", b.sizes(),
+  CE_CHECK(b3.size(0) == L && b3.size(1) == K, op, ": shapes ", shape_str(a), " and ", shape_str(b),
            " cannot be multiplied");
   CE_CHECK(M <= std::numeric_limits<int>::max() && N <= std::numeric_limits<int>::max() &&
                K <= std::numeric_limits<int>::max() && L <= std::numeric_limits<int>::max(),
@@ -192,16 +202,35 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
                  bias->size(0) == N,
              op, ": bias must be a [", N, "] ", a.scalar_type(), " tensor on ", a.device());
   }
+  auto as_lmn = [&](const at::Tensor& t, const char* name) {
+    CE_CHECK(t.device() == a.device() && t.scalar_type() == a.scalar_type() && t.dim() == a.dim(), op, ": ",
+             name, " must be a ", a.scalar_type(), " tensor on ", a.device(), " shaped like the product");
+    at::Tensor t3 = batched ? t : t.unsqueeze(0);
+    CE_CHECK(t3.size(0) == L && t3.size(1) == M && t3.size(2) == N, op, ": ", name, " has shape ", shape_str(t),
+             " but the product is [", L, ", ", M, ", ", N, "]");
+    return t3;
+  };
+  at::Tensor c3 = extra.c.defined() ? as_lmn(extra.c, "C") : at::Tensor();
+  at::Tensor out3 = extra.out.defined() ? as_lmn(extra.out, "out") : at::Tensor();
   const bool aux = want_aux && act::needs_preactivation(int(activation));
   const at::TensorOptions options = a.options();
   auto shape_out = [&](const at::Tensor& t) { return batched ? t : t.squeeze(0); };
+  // D goes to extra.out when given: copied there unless the kernel wrote it in place.
+  auto deliver = [&](at::Tensor d, at::Tensor z) -> std::tuple<at::Tensor, at::Tensor> {
+    if (out3.defined()) {
+      if (!d.is_same(out3)) out3.copy_(d);
+      d = out3;
+    }
+    return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
+  };
 
   if (M == 0 || N == 0 || K == 0) {
-    // Nothing to multiply: D = act(bias) broadcast (or act(0)).
+    // Nothing to multiply: D = act(C + bias) broadcast (or act(0)).
     at::Tensor z = bias.has_value() ? bias->expand({L, M, N}).contiguous() : at::zeros({L, M, N}, options);
+    if (c3.defined()) z.add_(c3);
     at::Tensor d = new_output({L, M, N}, options);
     run_activation(z, d, activation, current_stream(a.device()));
-    return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
+    return deliver(d, z);
   }
 
   const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
@@ -230,22 +259,43 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     }
   }
 
-  const bool kernel_aux = aux && math == MathMode::kTensorOp;
+  const bool with_c = c3.defined();
+  // No kernel has both a C source and an aux output; such calls store Z and activate after.
+  const bool kernel_aux = aux && math == MathMode::kTensorOp && !with_c;
   auto major_a = [&] { return va.y_contiguous ? Major::kK : Major::kMN; };
   auto major_b = [&] { return vb.y_contiguous ? Major::kMN : Major::kK; };
-  std::vector<const GemmKernelEntry*> candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux);
+  std::vector<const GemmKernelEntry*> candidates =
+      kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c);
   if (candidates.empty()) {
     // No kernel reads this layout (TF32 with an N-major B, or a selective build): copy the
     // MN-major operands to K-major, which every build has.
     if (major_a() != Major::kK) copy_a_k_major();
     if (major_b() != Major::kK) copy_b_k_major();
-    candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux);
+    candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c);
+  }
+  if (candidates.empty() && with_c) {
+    // No C-source kernel for this math mode (exact fp32) or build: the product, then the sum.
+    at::Tensor z = std::get<0>(gemm_op(a, b, c10::nullopt, 0, false, opts, GemmExtra{extra.alpha}));
+    if (!batched) z = z.unsqueeze(0);
+    z.add_(c3);
+    if (bias.has_value()) z.add_(*bias);
+    at::Tensor d = (out3.defined() && out3.is_contiguous()) ? out3 : new_output({L, M, N}, options);
+    run_activation(z, d, activation, current_stream(a.device()));
+    return deliver(d, z);
   }
   CE_CHECK(!candidates.empty(), op, ": no GEMM kernel was built for ", dtype_name(dt),
            math == MathMode::kExactF32 ? " (exact fp32)" : "", kernel_aux ? " with an aux output" : "",
            "; rebuild without a CUTLASS_EXT_KERNELS filter that excludes it");
 
-  at::Tensor d = new_output({L, M, Np}, options);
+  const bool split_activation = aux && !kernel_aux;
+  if (with_c && !(Np == N && epilogue_readable(c3, align))) {
+    at::Tensor padded = at::empty({L, M, Np}, options);
+    padded.narrow(2, 0, N).copy_(c3);
+    c3 = padded;
+  }
+  // The kernel writes straight into extra.out when it can (that is how in-place updates run).
+  const bool direct_out = out3.defined() && !split_activation && Np == N && epilogue_readable(out3, align);
+  at::Tensor d = direct_out ? out3 : new_output({L, M, Np}, options);
   at::Tensor z = aux ? new_output({L, M, Np}, options) : at::Tensor();
 
   const int device = a.device().index();
@@ -262,16 +312,23 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   p.b_stride_k = vb.stride_x;
   p.b_stride_n = vb.stride_y;
   p.b_stride_l = vb.stride_l;
-  // The exact-fp32 kernel has no aux epilogue: it writes Z and the activation runs afterwards.
-  const bool split_activation = aux && !kernel_aux;
-  p.D = split_activation ? z.data_ptr() : d.data_ptr();
-  p.d_stride_m = Np;
-  p.d_stride_l = M * Np;
+  // Kernels without an aux epilogue write Z, and the activation runs afterwards.
+  at::Tensor target = split_activation ? z : d;
+  p.D = target.data_ptr();
+  p.d_stride_m = M > 1 ? target.stride(1) : Np;
+  p.d_stride_l = L > 1 ? target.stride(0) : M * Np;
+  if (with_c) {
+    p.C = c3.data_ptr();
+    p.c_stride_m = M > 1 ? c3.stride(1) : Np;
+    p.c_stride_l = L > 1 ? c3.stride(0) : M * Np;
+    p.beta = 1.f;
+  }
   p.bias = bias_k.defined() ? bias_k.data_ptr() : nullptr;
   p.aux = kernel_aux ? z.data_ptr() : nullptr;
   p.aux_stride_m = Np;
   p.aux_stride_l = M * Np;
   p.activation = split_activation ? int(Activation::kNone) : int(activation);
+  p.alpha = extra.alpha;
   p.device = device;
   p.sm_count = sm_count(device);
   p.swizzle = opts.swizzle > 0 ? opts.swizzle : 1;
@@ -289,7 +346,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     d = d.narrow(2, 0, N).contiguous();
     if (aux) z = z.narrow(2, 0, N).contiguous();
   }
-  return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
+  return deliver(d, z);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,6 +410,8 @@ std::tuple<at::Tensor, at::Tensor> act_grad_cuda(const at::Tensor& grad, const c
   check_launch(cutlass_ext::act_grad(p, current_stream(grad.device())), op, "act_grad");
   return {dz, db};
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // The CUDA kernels of the torch.ops.cutlass_ext ops (schemas: cutlass_ext/ops/linear.py).

@@ -14,9 +14,10 @@ namespace cutlass_ext {
 // How an fp32 GEMM multiplies: on tensor cores in TF32, or exactly on the FMA units.
 enum class MathMode : int { kTensorOp = 0, kExactF32 = 1 };
 
-// D[l, m, n] = act(alpha * sum_k A[l, m, k] * B[l, k, n] + bias[n]); optionally
-// Aux[l, m, n] = the pre-activation value. All strides are in elements; the innermost
-// stride of D and Aux is 1.
+// D[l, m, n] = act(alpha * sum_k A[l, m, k] * B[l, k, n] + beta * C[l, m, n] + bias[n]);
+// optionally Aux[l, m, n] = the pre-activation value. C is read only by kernels with a source
+// epilogue and may be D itself. All strides are in elements; the innermost stride of C, D and
+// Aux is 1.
 struct GemmParams {
   int M = 0, N = 0, K = 0, L = 1;
   const void* A = nullptr;
@@ -25,11 +26,14 @@ struct GemmParams {
   int64_t b_stride_k = 0, b_stride_n = 0, b_stride_l = 0;
   void* D = nullptr;
   int64_t d_stride_m = 0, d_stride_l = 0;
+  const void* C = nullptr;  // read only by kernels with a source epilogue
+  int64_t c_stride_m = 0, c_stride_l = 0;
   const void* bias = nullptr;  // [N], same dtype as D; nullptr for no bias
   void* aux = nullptr;         // written only by kernels with an aux epilogue
   int64_t aux_stride_m = 0, aux_stride_l = 0;
   int activation = 0;  // cutlass_ext::Activation
   float alpha = 1.f;
+  float beta = 0.f;
   int device = 0;
   int sm_count = 0;
   int splits = 1;   // split-K factor for stream-K configs (set by the binding); 1 = data-parallel
@@ -53,6 +57,7 @@ struct GemmKernelEntry {
   Major a_major;
   Major b_major;
   bool aux;            // epilogue also stores the pre-activation
+  bool source;         // epilogue adds beta * C
   const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
   int tile_m, tile_n;
   bool stream_k;

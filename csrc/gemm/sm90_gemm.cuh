@@ -1,10 +1,12 @@
 // CUTLASS 3.x warp-specialized TMA + WGMMA GEMMs for sm90 with a fused epilogue:
-//   D = act(alpha * A B + bias)            (Epilogue without aux)
-//   D = act(Z), Z = alpha * A B + bias     (Epilogue with aux: Z is stored too, for the backward)
+//   D = act(alpha * A B + bias)                  (plain epilogue)
+//   D = act(Z), Z = alpha * A B + bias           (aux epilogue: Z is stored too, for the backward)
+//   D = act(alpha * A B + beta * C + bias)       (source epilogue: accumulate into C, e.g. a LoRA
+//                                                 term or an in-place weight update, C may be D)
 // The activation is a run-time parameter (RuntimeActivation); bias may be null.
 //
-// One "bundle" type per instantiation: element type, operand layouts, aux on/off, tile, cluster,
-// schedule and tile scheduler. Generated translation units instantiate exactly one bundle each.
+// One "bundle" type per instantiation: element type, operand layouts, epilogue kind, tile,
+// cluster, schedule and tile scheduler. Generated translation units instantiate exactly one bundle each.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -46,10 +48,12 @@ Stride make_stride3(int64_t s0, int64_t s1, int64_t s2) {
   return s;
 }
 
-template <class Element_, class LayoutA, class LayoutB, bool kAux, int TileM, int TileN, int TileK,
+template <class Element_, class LayoutA, class LayoutB, bool kAux, bool kSource, int TileM, int TileN, int TileK,
           int ClusterM, int ClusterN, class Schedule, class Scheduler>
 struct GemmBundle {
-  using Element = Element_;  // A, B, D, bias and aux share one element type
+  using Element = Element_;  // A, B, C, D, bias and aux share one element type
+  using ElementC = cute::conditional_t<kSource, Element, void>;  // void: no C load at all
+  static_assert(!(kAux && kSource), "no instantiation needs both an aux output and a source");
   using Accumulator = float;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
   static constexpr bool kStreamK = cute::is_same_v<Scheduler, StreamKScheduler>;
@@ -68,7 +72,7 @@ struct GemmBundle {
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float,
-      void, LayoutD, kAlignment,  // no C operand: bias and activation only
+      ElementC, LayoutD, kAlignment,
       Element, LayoutD, kAlignment, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -93,13 +97,18 @@ struct GemmBundle {
     args.mainloop.dA = make_stride3<StrideA>(p.a_stride_m, p.a_stride_k, p.a_stride_l);
     args.mainloop.ptr_B = static_cast<Element const*>(p.B);
     args.mainloop.dB = make_stride3<StrideB>(p.b_stride_n, p.b_stride_k, p.b_stride_l);
-    args.epilogue.ptr_C = nullptr;
-    args.epilogue.dC = make_stride3<typename Kernel::StrideC>(p.d_stride_m, 1, p.d_stride_l);
+    if constexpr (kSource) {
+      args.epilogue.ptr_C = static_cast<Element const*>(p.C);
+      args.epilogue.dC = make_stride3<typename Kernel::StrideC>(p.c_stride_m, 1, p.c_stride_l);
+    } else {
+      args.epilogue.ptr_C = nullptr;
+      args.epilogue.dC = make_stride3<typename Kernel::StrideC>(p.d_stride_m, 1, p.d_stride_l);
+    }
     args.epilogue.ptr_D = static_cast<Element*>(p.D);
     args.epilogue.dD = make_stride3<StrideD>(p.d_stride_m, 1, p.d_stride_l);
     auto& fusion = args.epilogue.thread;
     fusion.alpha = p.alpha;
-    fusion.beta = 0.f;
+    fusion.beta = kSource ? p.beta : 0.f;
     fusion.bias_ptr = static_cast<Element const*>(p.bias);
     fusion.activation.kind = p.activation;
     if constexpr (kAux) {

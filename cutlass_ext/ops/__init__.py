@@ -1,3 +1,3 @@
 """Op registration: importing this package defines every ``torch.ops.cutlass_ext`` op."""
 
-from . import layer_norm, linear, pointwise, softmax  # noqa: F401
+from . import layer_norm, linear, lora, pointwise, softmax  # noqa: F401

@@ -423,6 +423,16 @@ def test_every_kernel(name, monkeypatch):
     monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", kernel.config.name)
     dtype_name = {"f32": "fp32"}.get(kernel.dtype, kernel.dtype)
     with fp32_precision(dtype_name):
+        if kernel.with_c:
+            # C-source kernels serve in-place accumulation: W += s * A @ B as a LoRA merge
+            # (lora_B is the A operand, lora_A the B operand), checked to write W in place.
+            W = rand(A.shape[0], B.shape[1], device="cuda", dtype=A.dtype)
+            W0, ptr = W.clone(), W.data_ptr()
+            torch.ops.cutlass_ext.lora_merge(W, B, A, 0.5)
+            assert W.data_ptr() == ptr
+            ref = W0.double() + 0.5 * (A.double() @ B.double())
+            assert_close_to_reference(W, ref, torch.addmm(W0, A, B, alpha=0.5), dtype_name, what="merged W")
+            return
         if kernel.aux:
             y, aux = torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True)
             assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"),

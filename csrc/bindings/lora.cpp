@@ -1,0 +1,165 @@
+// Host binding of the LoRA ops: every step is a GEMM whose epilogue carries the scaling, the
+// bias, the activation and the accumulation of the low-rank term (no separate add or scale
+// kernels); only dropout of the LoRA input is an elementwise pass, and only when p > 0.
+//
+// Shapes: x [..., in] (as [M, in]); weight [out, in]; lora_A [r, in]; lora_B [out, r].
+//   forward   t  = drop(x) A^T                       [M, r]
+//             y  = act(x W^T + bias + s * t B^T)      (s t B^T first, then the main GEMM adds
+//                                                      onto it in place through its C operand)
+//   backward  dz = dy * act'(.), dbias = sum dz       (one fused pass)
+//             U  = dz B                               [M, r]
+//             dx = dz W + drop'(s * U A)              (the LoRA term first, masked in place when
+//                                                      p > 0, then the main GEMM adds onto it)
+//             dA = s * U^T drop(x),  dB = s * dz^T t,  dW = dz^T x   (only those requested)
+//   merge     W += s * B A                            (one GEMM reading and writing W in place)
+#include <torch/extension.h>
+
+#include <c10/core/DeviceGuard.h>
+
+#include <tuple>
+#include <vector>
+
+#include "bindings/common.h"
+#include "bindings/gemm_op.h"
+#include "elementwise/dropout_kernels.h"
+
+namespace cutlass_ext {
+namespace {
+
+// weight [out, in], lora_A [r, in], lora_B [out, r]: one dtype, on weight's CUDA device.
+void check_adapter(const at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B, const char* op) {
+  CE_CHECK(weight.is_cuda() && weight.dim() == 2, op, ": weight must be a 2-D CUDA tensor, got ", shape_str(weight));
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{lora_A, "lora_A"}, {lora_B, "lora_B"}}) {
+    CE_CHECK(t.device() == weight.device() && t.scalar_type() == weight.scalar_type(), op, ": ", name,
+             " must be a ", weight.scalar_type(), " tensor on ", weight.device());
+    CE_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D, got shape ", shape_str(t));
+  }
+  const int64_t in = weight.size(1), out = weight.size(0), r = lora_A.size(0);
+  CE_CHECK(lora_A.size(1) == in, op, ": lora_A must be [r, ", in, "], got ", shape_str(lora_A));
+  CE_CHECK(lora_B.size(0) == out && lora_B.size(1) == r, op, ": lora_B must be [", out, ", ", r, "], got ",
+           shape_str(lora_B));
+}
+
+void check_lora_operands(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_A,
+                         const at::Tensor& lora_B, const char* op) {
+  check_adapter(weight, lora_A, lora_B, op);
+  CE_CHECK(x.device() == weight.device() && x.scalar_type() == weight.scalar_type(), op, ": x must be a ",
+           weight.scalar_type(), " tensor on ", weight.device());
+  CE_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": x must be [..., ", weight.size(1), "], got ",
+           shape_str(x));
+}
+
+// drop(x) for a contiguous [M, in] x, or the masked scaling of a tensor shaped like x in place.
+void run_dropout(const at::Tensor& input, const at::Tensor& output, double p, const at::Tensor& seed,
+                 const char* op) {
+  CE_CHECK(seed.defined() && seed.is_cuda() && seed.scalar_type() == at::kLong && seed.numel() == 1 &&
+               seed.device() == input.device(),
+           op, ": dropout needs a seed: pass seed, a one-element int64 tensor on ", input.device());
+  DropoutTensorParams p_;
+  p_.numel = input.numel();
+  p_.dtype = dtype_of(input, op, "x");
+  p_.input = input.data_ptr();
+  p_.output = output.data_ptr();
+  p_.seed = seed.data_ptr<int64_t>();
+  p_.p = p;
+  p_.sm_count = sm_count(input.device().index());
+  check_launch(dropout_forward(p_, current_stream(input.device())), op, "dropout");
+}
+
+at::Tensor dropped(const at::Tensor& x2, double p, const c10::optional<at::Tensor>& seed, const char* op) {
+  if (p <= 0.0) return x2;
+  at::Tensor in = x2.contiguous();
+  at::Tensor out = new_output(in.sizes(), in.options());
+  run_dropout(in, out, p, seed.has_value() ? *seed : at::Tensor(), op);
+  return out;
+}
+
+std::vector<int64_t> with_last(at::IntArrayRef lead, int64_t last) {
+  std::vector<int64_t> out(lead.begin(), lead.end());
+  out.push_back(last);
+  return out;
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const GemmOptions& opts, float alpha = 1.f) {
+  return std::get<0>(gemm_op(a, b, c10::nullopt, 0, false, opts, GemmExtra{alpha}));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
+    const c10::optional<at::Tensor>& bias, double scaling, c10::string_view activation_name, double dropout_p,
+    const c10::optional<at::Tensor>& seed, bool save_preact) {
+  const char* op = "lora_linear";
+  check_lora_operands(x, weight, lora_A, lora_B, op);
+  const int64_t activation = activation_code(activation_name, op);
+  const c10::DeviceGuard guard(x.device());
+  const int64_t in = weight.size(1), out = weight.size(0), r = lora_A.size(0);
+  const at::IntArrayRef lead = x.sizes().slice(0, x.dim() - 1);
+  const at::Tensor x2 = x.reshape({-1, in});
+  const GemmOptions opts = gemm_options();
+
+  const at::Tensor t = mm(dropped(x2, dropout_p, seed, op), lora_A.t(), opts);
+  at::Tensor low_rank = mm(t, lora_B.t(), opts, float(scaling));
+  auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, GemmExtra{1.f, low_rank, low_rank});
+  y = y.view(with_last(lead, out));
+  if (z.dim() == 2) z = z.view(with_last(lead, out));
+  return {y, t.view(with_last(lead, r)), z};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_linear_backward_cuda(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_A,
+    const at::Tensor& lora_B, const at::Tensor& t, const c10::optional<at::Tensor>& saved,
+    c10::string_view activation_name, double scaling, double dropout_p, const c10::optional<at::Tensor>& seed,
+    bool need_x, bool need_weight, bool need_A, bool need_B, bool need_bias) {
+  const char* op = "_lora_linear_backward";
+  check_lora_operands(x, weight, lora_A, lora_B, op);
+  const int64_t activation = activation_code(activation_name, op);
+  const c10::DeviceGuard guard(x.device());
+  const int64_t in = weight.size(1), out = weight.size(0), r = lora_A.size(0);
+  const at::TensorOptions options = x.options();
+  const at::Tensor grad2 = grad.reshape({-1, out});
+  const at::Tensor x2 = x.reshape({-1, in});
+  const at::Tensor t2 = t.reshape({-1, r});
+  const GemmOptions opts = gemm_options();
+
+  at::Tensor dz = grad2;
+  at::Tensor dbias = at::empty({0}, options);
+  if (activation != int64_t(Activation::kNone) || need_bias) {
+    c10::optional<at::Tensor> saved2;
+    if (saved.has_value()) saved2 = saved->reshape({-1, out});
+    auto [gz, gb] = act_grad_cuda(grad2, saved2, activation_name, need_x || need_weight || need_A || need_B,
+                                  need_bias);
+    if (activation != int64_t(Activation::kNone)) dz = gz;
+    dbias = gb;
+  }
+  at::Tensor u;
+  if (need_x || need_A) u = mm(dz, lora_B, opts);
+
+  at::Tensor dx = at::empty({0}, options);
+  if (need_x) {
+    at::Tensor low_rank = mm(u, lora_A, opts, float(scaling));
+    if (dropout_p > 0.0) run_dropout(low_rank, low_rank, dropout_p, seed.has_value() ? *seed : at::Tensor(), op);
+    dx = std::get<0>(gemm_op(dz, weight, c10::nullopt, 0, false, opts, GemmExtra{1.f, low_rank, low_rank}));
+    dx = dx.view(x.sizes());
+  }
+  at::Tensor dA = need_A ? mm(u.t(), dropped(x2, dropout_p, seed, op), opts, float(scaling)) : at::empty({0}, options);
+  at::Tensor dB = need_B ? mm(dz.t(), t2, opts, float(scaling)) : at::empty({0}, options);
+  at::Tensor dW = need_weight ? mm(dz.t(), x2, opts) : at::empty({0}, options);
+  return {dx, dW, dA, dB, dbias};
+}
+
+void lora_merge_cuda(const at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
+                     double scaling) {
+  const char* op = "lora_merge";
+  check_adapter(weight, lora_A, lora_B, op);
+  const c10::DeviceGuard guard(weight.device());
+  gemm_op(lora_B, lora_A, c10::nullopt, 0, false, gemm_options(), GemmExtra{float(scaling), weight, weight});
+}
+
+}  // namespace
+}  // namespace cutlass_ext
+
+TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
+  m.impl("lora_linear", &cutlass_ext::lora_linear_cuda);
+  m.impl("_lora_linear_backward", &cutlass_ext::lora_linear_backward_cuda);
+  m.impl("lora_merge", &cutlass_ext::lora_merge_cuda);
+}

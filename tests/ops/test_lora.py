@@ -1,0 +1,753 @@
+"""cutlass_ext.lora_linear / _lora_linear_backward / lora_merge against float64 references, on CPU
+(reference kernels) and CUDA (extension kernels); and against PEFT's LoRA layer when peft is installed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import cutlass_ext
+from cutlass_ext.ops import _activation, _rng
+
+from ..conftest import requires_cuda
+from ..helpers import DTYPES, assert_close_to_reference, fp32_precision
+
+DTYPE_NAMES = ["fp16", "bf16", "fp32"]
+ACTS = ["none", "relu", "gelu"]
+SCALING = 2.0
+
+
+def rand(*shape, device, dtype, scale=1.0):
+    return torch.randn(*shape, device=device, dtype=torch.float32).mul_(scale).to(dtype)
+
+
+def make_params(in_f, out_f, r, device, dtype, bias=True):
+    """weight [out, in], lora_A [r, in], lora_B [out, r] (non-zero, unlike a fresh adapter), bias [out]."""
+    weight = rand(out_f, in_f, device=device, dtype=dtype, scale=1 / math.sqrt(in_f))
+    lora_A = rand(r, in_f, device=device, dtype=dtype, scale=1 / math.sqrt(in_f))
+    lora_B = rand(out_f, r, device=device, dtype=dtype, scale=1 / math.sqrt(r))
+    b = rand(out_f, device=device, dtype=dtype) if bias else None
+    return weight, lora_A, lora_B, b
+
+
+def keep_mask(x, seed, p):
+    """The dropout keep-mask of x: flat row-major index over x's logical shape, from _rng."""
+    index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).view(x.shape)
+    return _rng.dropout_keep(seed, index, p)
+
+
+def _dropped(x, keep, p):
+    if keep is None:
+        return x
+    return x * keep.to(x.dtype) * _rng.keep_scale(p)
+
+
+def ref_lora(x, weight, lora_A, lora_B, bias, scaling, act, keep=None, p=0.0):
+    """The formula in float64."""
+    x64 = x.double()
+    z = x64 @ weight.double().t() + scaling * (_dropped(x64, keep, p) @ lora_A.double().t()) @ lora_B.double().t()
+    if bias is not None:
+        z = z + bias.double()
+    return _activation.apply(z, act)
+
+
+def peer_lora(x, weight, lora_A, lora_B, bias, scaling, act, keep=None, p=0.0):
+    """torch's own result in the same dtype: the eager LoRA formula PEFT runs."""
+    z = F.linear(x, weight, bias) + F.linear(F.linear(_dropped(x, keep, p), lora_A), lora_B) * scaling
+    return _activation.apply(z, act)
+
+
+def call_op(x, weight, lora_A, lora_B, bias, act, p=0.0, seed=None, scaling=SCALING):
+    """The raw op, saving the pre-activation so the backward works for every activation."""
+    y, t, _ = torch.ops.cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling, act, p, seed, True)
+    return y, t
+
+
+def make_seed(device, value=0x1234_5678_9ABC):
+    return torch.tensor([value], dtype=torch.int64, device=device)
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward
+
+
+@pytest.mark.parametrize("r", [1, 8, 16])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_forward(device, dtype_name, with_bias, act, r):
+    dtype = DTYPES[dtype_name]
+    x = rand(3, 17, 72, device=device, dtype=dtype)
+    weight, lora_A, lora_B, bias = make_params(72, 40, r, device, dtype, with_bias)
+    with fp32_precision(dtype_name):
+        out = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, activation=act)
+        peer = peer_lora(x, weight, lora_A, lora_B, bias, SCALING, act)
+    assert out.dtype == dtype and out.is_contiguous() and out.shape == (3, 17, 40)
+    assert_close_to_reference(out, ref_lora(x, weight, lora_A, lora_B, bias, SCALING, act), peer, dtype_name)
+
+
+# name -> builder of x [..., 72] given (device, dtype), each with the described layout.
+X_CASES = {
+    "2d": lambda d, t: rand(129, 72, device=d, dtype=t),
+    "one": lambda d, t: rand(1, 72, device=d, dtype=t),
+    "vector": lambda d, t: rand(72, device=d, dtype=t),
+    "m_zero": lambda d, t: rand(0, 72, device=d, dtype=t),
+    "batched": lambda d, t: rand(2, 3, 7, 72, device=d, dtype=t),
+    # a column slice of a wider tensor: row stride 100 > in
+    "noncontig": lambda d, t: rand(33, 100, device=d, dtype=t)[:, 8:80],
+    # the transpose of a row-major [in, M] tensor
+    "transposed": lambda d, t: rand(72, 48, device=d, dtype=t).t(),
+    # batch dims that cannot be flattened without a copy
+    "permuted": lambda d, t: rand(5, 6, 72, device=d, dtype=t).transpose(0, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(X_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_forward_layouts(device, dtype_name, case):
+    dtype = DTYPES[dtype_name]
+    x = X_CASES[case](device, dtype)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, dtype)
+    with fp32_precision(dtype_name):
+        out = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, activation="gelu")
+        peer = peer_lora(x, weight, lora_A, lora_B, bias, SCALING, "gelu")
+    assert out.is_contiguous()
+    assert_close_to_reference(out, ref_lora(x, weight, lora_A, lora_B, bias, SCALING, "gelu"), peer, dtype_name)
+
+
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu", "sigmoid"])
+def test_forward_other_activations(device, act):
+    x = rand(64, 72, device=device, dtype=torch.bfloat16)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.bfloat16)
+    out = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=0.5, activation=act)
+    peer = peer_lora(x, weight, lora_A, lora_B, bias, 0.5, act)
+    assert_close_to_reference(out, ref_lora(x, weight, lora_A, lora_B, bias, 0.5, act), peer, "bf16")
+
+
+@pytest.mark.parametrize("act,stored", [("none", False), ("relu", False), ("gelu", True), ("silu", True)])
+def test_outputs_t_and_preact(device, act, stored):
+    x = rand(4, 9, 72, device=device, dtype=torch.float32)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.float32)
+    with fp32_precision("fp32"):
+        y, t, preact = torch.ops.cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, SCALING, act, 0.0, None,
+                                                          True)
+    assert t.shape == (4, 9, 8) and t.is_contiguous()
+    assert_close_to_reference(t, x.double() @ lora_A.double().t(), None, "fp32", what="t")
+    if stored:
+        assert_close_to_reference(preact, ref_lora(x, weight, lora_A, lora_B, bias, SCALING, "none"), None, "fp32",
+                                  what="preact")
+    else:
+        assert preact.numel() == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Dropout
+
+
+def test_dropout_same_seed_reproduces(device):
+    x = rand(64, 72, device=device, dtype=torch.bfloat16)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.bfloat16)
+    first = call_op(x, weight, lora_A, lora_B, bias, "gelu", 0.3, make_seed(device))
+    second = call_op(x, weight, lora_A, lora_B, bias, "gelu", 0.3, make_seed(device))
+    other = call_op(x, weight, lora_A, lora_B, bias, "gelu", 0.3, make_seed(device, 99))
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert not torch.equal(first[1], other[1])
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_mask_matches_rng(device, p):
+    # With lora_A = I, t = drop(x) @ I = drop(x): the op's mask, read back element by element.
+    x = rand(5, 3, 16, device=device, dtype=torch.float32).transpose(0, 1)  # logical [3, 5, 16], not contiguous
+    weight, _, lora_B, bias = make_params(16, 24, 16, device, torch.float32)
+    eye = torch.eye(16, device=device, dtype=torch.float32)
+    seed = make_seed(device, 2**62 - 12345)
+    with fp32_precision("fp32"):
+        _, t = call_op(x, weight, eye, lora_B, bias, "none", p, seed)
+    keep = keep_mask(x, seed, p)
+    assert torch.equal(t != 0, keep), "dropout mask differs from _rng.dropout_keep over x's row-major index"
+    torch.testing.assert_close(t, torch.where(keep, x / (1 - p), 0.0), rtol=1e-6, atol=0)
+    assert abs(keep.float().mean().item() - (1 - p)) < 0.12
+
+
+def test_dropout_p_one_drops_everything(device):
+    x = rand(32, 72, device=device, dtype=torch.float32)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.float32)
+    with fp32_precision("fp32"):
+        y, t = call_op(x, weight, lora_A, lora_B, bias, "none", 1.0, make_seed(device))
+        base = F.linear(x, weight, bias)
+    assert torch.count_nonzero(t) == 0
+    torch.testing.assert_close(y, base)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_dropout_forward_and_backward(device, dtype_name, act):
+    dtype = DTYPES[dtype_name]
+    p = 0.3
+    x = rand(3, 21, 72, device=device, dtype=dtype)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, dtype)
+    grad_out = rand(3, 21, 40, device=device, dtype=dtype)
+    seed = make_seed(device)
+    keep = keep_mask(x, seed, p)
+    with fp32_precision(dtype_name):
+        ours_out, ours = grads_of(lambda *a: call_op(*a, act, p, seed)[0], [x, weight, lora_A, lora_B, bias],
+                                  grad_out)
+        peer_out, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act, keep, p), [x, weight, lora_A, lora_B, bias],
+                                  grad_out)
+    ref_out, ref = grads_of(lambda *a: ref_lora(*a, SCALING, act, keep, p),
+                            [v.double() for v in (x, weight, lora_A, lora_B, bias)], grad_out.double())
+    assert_close_to_reference(ours_out, ref_out, peer_out, dtype_name)
+    for name, o, pe, r in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert o.dtype == dtype
+        assert_close_to_reference(o, r, pe, dtype_name, what=name)
+
+
+def test_public_function_dropout_only_when_training(device):
+    x = rand(64, 72, device=device, dtype=torch.float32)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.float32)
+    with fp32_precision("fp32"):
+        plain = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING)
+        evaluated = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, dropout_p=0.5,
+                                            training=False)
+        first = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, dropout_p=0.5)
+        second = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, dropout_p=0.5)
+    assert torch.equal(plain, evaluated)
+    assert not torch.equal(first, plain) and not torch.equal(first, second)  # a fresh seed per call
+
+
+def test_dropout_without_seed_fails_clearly(device):
+    x = rand(8, 16, device=device, dtype=torch.float32)
+    weight, lora_A, lora_B, bias = make_params(16, 8, 4, device, torch.float32)
+    with pytest.raises(Exception, match="needs a seed"):
+        call_op(x, weight, lora_A, lora_B, bias, "none", 0.2, None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward
+
+
+def grads_of(fn, inputs, grad_out):
+    inputs = [v.detach().requires_grad_(True) if v is not None else None for v in inputs]
+    out = fn(*inputs)
+    out.backward(grad_out)
+    return out, [v.grad if v is not None else None for v in inputs]
+
+
+@pytest.mark.parametrize("r", [1, 16])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_backward(device, dtype_name, act, r):
+    dtype = DTYPES[dtype_name]
+    x = rand(3, 50, 72, device=device, dtype=dtype)
+    weight, lora_A, lora_B, bias = make_params(72, 40, r, device, dtype)
+    grad_out = rand(3, 50, 40, device=device, dtype=dtype)
+    inputs = [x, weight, lora_A, lora_B, bias]
+
+    def ours_fn(*a):
+        return cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act)
+
+    with fp32_precision(dtype_name):
+        y, ours = grads_of(ours_fn, inputs, grad_out)
+        _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
+    if act == "relu":
+        # relu's derivative jumps at 0: take the mask from our own output, so that a z near 0
+        # that rounds to the other side in low precision is not counted as a backward error.
+        mask = (y.detach() > 0).double()
+        ref_fn = lambda *a: ref_lora(*a, SCALING, "none") * mask  # noqa: E731
+    else:
+        ref_fn = lambda *a: ref_lora(*a, SCALING, act)  # noqa: E731
+    _, ref = grads_of(ref_fn, [v.double() for v in inputs], grad_out.double())
+    for name, o, p, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert o.dtype == dtype and o.shape == rf.shape and o.is_contiguous()
+        assert_close_to_reference(o, rf, p, dtype_name, what=name)
+
+
+def test_backward_noncontiguous_x_and_grad(device):
+    x = rand(40, 100, device=device, dtype=torch.bfloat16)[:, 10:82]
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.bfloat16)
+    grad_out = rand(40, 40, device=device, dtype=torch.bfloat16).t()  # column-major incoming gradient
+    inputs = [x, weight, lora_A, lora_B, bias]
+    _, ours = grads_of(lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation="relu"), inputs, grad_out)
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "relu"), inputs, grad_out)
+    _, ref = grads_of(lambda *a: ref_lora(*a, SCALING, "relu"), [v.double() for v in inputs], grad_out.double())
+    for name, o, p, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, rf, p, "bf16", what=name)
+
+
+class RecordBackwardCalls(TorchDispatchMode):
+    """Records the need_* flags of every _lora_linear_backward call (on any device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.needs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.cutlass_ext._lora_linear_backward.default:
+            self.needs.append(tuple(args[-5:]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("trainable", ["A+B", "x+A+B", "x", "B", "x+weight+bias+A+B", "weight"])
+def test_backward_computes_only_needed_grads(device, trainable):
+    wanted = trainable.split("+")
+    names = ("x", "weight", "A", "B", "bias")
+    x = rand(4, 10, 72, device=device, dtype=torch.bfloat16)
+    tensors = [x, *make_params(72, 40, 8, device, torch.bfloat16)]
+    tensors = [t.requires_grad_(n in wanted) for t, n in zip(tensors, names)]
+    out = cutlass_ext.lora_linear(*tensors, scaling=SCALING, activation="gelu")
+    with RecordBackwardCalls() as rec:
+        out.float().square().sum().backward()
+    assert rec.needs == [tuple(n in wanted for n in names)]
+    for t, n in zip(tensors, names):
+        assert (t.grad is not None) == (n in wanted), n
+
+
+def test_backward_without_saved_preactivation_fails_clearly(device):
+    x = rand(8, 16, device=device, dtype=torch.float32).requires_grad_()
+    weight, lora_A, lora_B, bias = make_params(16, 8, 4, device, torch.float32)
+    y, _, _ = torch.ops.cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, 1.0, "gelu", 0.0, None, False)
+    with pytest.raises(RuntimeError, match="save_preact=True"):
+        y.sum().backward()
+
+
+def test_no_grad_saves_no_preactivation(device):
+    x = rand(8, 16, device=device, dtype=torch.float32)
+    weight, lora_A, lora_B, bias = make_params(16, 8, 4, device, torch.float32)
+    lora_A.requires_grad_()
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.cutlass_ext.lora_linear.default:
+                seen.append(args[-1])
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        with torch.no_grad():
+            cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=1.0, activation="gelu")
+        cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=1.0, activation="gelu")
+    assert seen == [False, True]
+
+
+# ------------------------------------------------------------------------------------------------
+# lora_merge
+
+MERGE_SHAPES = [(40, 72, 8), (1, 1, 1), (257, 129, 16), (64, 64, 64)]
+
+
+@pytest.mark.parametrize("shape", MERGE_SHAPES)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_merge_in_place(device, dtype_name, shape):
+    dtype = DTYPES[dtype_name]
+    out_f, in_f, r = shape
+    weight, lora_A, lora_B, _ = make_params(in_f, out_f, r, device, dtype, bias=False)
+    original = weight.clone()
+    ptr, version = weight.data_ptr(), weight._version
+    with fp32_precision(dtype_name):
+        returned = cutlass_ext.lora_merge(weight, lora_A, lora_B, 0.75)
+        peer = original + 0.75 * (lora_B @ lora_A)
+    assert returned is weight and weight.data_ptr() == ptr and weight._version > version
+    ref = original.double() + 0.75 * (lora_B.double() @ lora_A.double())
+    assert_close_to_reference(weight, ref, peer, dtype_name, what="merged weight")
+
+
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_merge_unmerge_round_trip(device, dtype_name):
+    dtype = DTYPES[dtype_name]
+    weight, lora_A, lora_B, _ = make_params(72, 40, 16, device, dtype, bias=False)
+    original = weight.clone()
+    with fp32_precision(dtype_name):
+        cutlass_ext.lora_merge(weight, lora_A, lora_B, SCALING)
+        merged = weight.clone()
+        cutlass_ext.lora_merge(weight, lora_A, lora_B, SCALING, sign=-1)
+    assert not torch.equal(merged, original)
+    # Two roundings to the weight's dtype, each at most half an ulp of the merged magnitude.
+    eps = torch.finfo(dtype).eps
+    atol = 2 * eps * merged.abs().max().item() if dtype != torch.float32 else 1e-5
+    torch.testing.assert_close(weight, original, rtol=0, atol=atol)
+
+
+def test_merge_sign_is_negated_scaling(device):
+    weight, lora_A, lora_B, _ = make_params(24, 16, 4, device, torch.float32, bias=False)
+    with fp32_precision("fp32"):
+        a = cutlass_ext.lora_merge(weight.clone(), lora_A, lora_B, 0.5, sign=-1)
+        b = cutlass_ext.lora_merge(weight.clone(), lora_A, lora_B, -0.5)
+    assert torch.equal(a, b)
+
+
+def test_merge_of_a_trainable_parameter(device):
+    # Runs under no_grad, so a leaf that requires grad can be merged in place.
+    weight = torch.nn.Parameter(rand(16, 24, device=device, dtype=torch.float32))
+    _, lora_A, lora_B, _ = make_params(24, 16, 4, device, torch.float32, bias=False)
+    cutlass_ext.lora_merge(weight, lora_A, lora_B, 1.0)
+    assert weight.requires_grad and weight.grad_fn is None
+
+
+def test_merge_after_forward_is_caught_by_autograd(device):
+    # lora_merge bumps the weight's version (on every backend), so a backward that saved it fails loudly.
+    x = rand(8, 24, device=device, dtype=torch.float32).requires_grad_()
+    weight, lora_A, lora_B, _ = make_params(24, 16, 4, device, torch.float32, bias=False)
+    weight.requires_grad_()
+    y = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=1.0)
+    cutlass_ext.lora_merge(weight, lora_A, lora_B, 1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_merged_weight_matches_unmerged_forward(device):
+    x = rand(3, 31, 72, device=device, dtype=torch.float32)
+    weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.float32)
+    with fp32_precision("fp32"):
+        unmerged = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, activation="silu")
+        cutlass_ext.lora_merge(weight, lora_A, lora_B, SCALING)
+        merged = cutlass_ext.linear(x, weight.t(), bias, activation="silu")
+    torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.library.opcheck, torch.compile, CUDA graphs
+
+
+def _opcheck_inputs(device, grad=True):
+    x = rand(2, 24, 40, device=device, dtype=torch.bfloat16)
+    weight, lora_A, lora_B, bias = make_params(40, 32, 8, device, torch.bfloat16)
+    return [t.requires_grad_(grad) for t in (x, weight, lora_A, lora_B, bias)]
+
+
+@pytest.mark.parametrize("act,save,p", [("none", False, 0.0), ("relu", False, 0.2), ("gelu", True, 0.0),
+                                        ("silu", True, 0.5)])
+def test_opcheck_lora_linear(device, act, save, p):
+    x, weight, lora_A, lora_B, bias = _opcheck_inputs(device)
+    weight.requires_grad_(False)
+    bias.requires_grad_(False)
+    seed = make_seed(device) if p > 0 else None
+    op = torch.ops.cutlass_ext.lora_linear.default
+    torch.library.opcheck(op, (x, weight, lora_A, lora_B, bias, SCALING, act, p, seed, save))
+    torch.library.opcheck(op, (x, weight.detach().requires_grad_(), lora_A, lora_B, None, SCALING, act, p, seed, save))
+
+
+@pytest.mark.parametrize("act,p", [("none", 0.0), ("relu", 0.3), ("gelu", 0.0)])
+def test_opcheck_lora_linear_backward(device, act, p):
+    x, weight, lora_A, lora_B, _ = _opcheck_inputs(device, grad=False)
+    grad = rand(2, 24, 32, device=device, dtype=torch.bfloat16)
+    t = rand(2, 24, 8, device=device, dtype=torch.bfloat16)
+    saved = rand(2, 24, 32, device=device, dtype=torch.bfloat16) if act != "none" else None
+    seed = make_seed(device) if p > 0 else None
+    for needs in [(True, True, True, True, True), (True, False, True, True, False), (False, False, True, True, False),
+                  (False, True, False, False, True), (True, False, False, False, False)]:
+        torch.library.opcheck(torch.ops.cutlass_ext._lora_linear_backward.default,
+                              (grad, x, weight, lora_A, lora_B, t, saved, act, SCALING, p, seed, *needs))
+
+
+def test_opcheck_lora_merge(device):
+    _, weight, lora_A, lora_B, _ = _opcheck_inputs(device, grad=False)
+    torch.library.opcheck(torch.ops.cutlass_ext.lora_merge.default, (weight, lora_A, lora_B, 0.5))
+
+
+def _compile_backend(device):
+    return "inductor" if device == "cuda" else "aot_eager"
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_compile_fullgraph(device, act):
+    torch._dynamo.reset()
+    x, weight, lora_A, lora_B, bias = _opcheck_inputs(device)
+    weight.requires_grad_(False)
+    seed = make_seed(device)
+
+    weight2, lora_A2, lora_B2, _ = make_params(32, 16, 4, device, torch.bfloat16)
+
+    def step(x, weight, lora_A, lora_B, bias):
+        h = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, activation=act)
+        # the raw op with a fixed seed: dropout that compiled and eager runs draw alike
+        y, _, _ = torch.ops.cutlass_ext.lora_linear(h, weight2, lora_A2, lora_B2, None, 0.5, "none", 0.25, seed, False)
+        return y.float().square().mean()
+
+    inputs = (x, weight, lora_A, lora_B, bias)
+    compiled = torch.compile(step, fullgraph=True, backend=_compile_backend(device))
+    loss = compiled(*inputs)
+    loss.backward()
+    trainable = (x, lora_A, lora_B, bias)
+    grads = [v.grad.clone() for v in trainable]
+    for v in trainable:
+        v.grad = None
+    eager_loss = step(*inputs)
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-2, atol=1e-3)
+    for g, v in zip(grads, trainable):
+        torch.testing.assert_close(g, v.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_compile_fullgraph_merge(device):
+    torch._dynamo.reset()
+    _, weight, lora_A, lora_B, _ = _opcheck_inputs(device, grad=False)
+    expected = cutlass_ext.lora_merge(weight.clone(), lora_A, lora_B, 0.5)
+    compiled = torch.compile(lambda w, a, b: cutlass_ext.lora_merge(w, a, b, 0.5), fullgraph=True,
+                             backend=_compile_backend(device))
+    merged = weight.clone()
+    compiled(merged, lora_A, lora_B)
+    torch.testing.assert_close(merged, expected, rtol=0, atol=0)
+
+
+def test_compile_fullgraph_training_dropout(device):
+    # The public function draws its seed inside the compiled graph.
+    torch._dynamo.reset()
+    layer = cutlass_ext.FusedLoRALinear(40, 32, r=8, lora_dropout=0.1, activation="gelu", device=device,
+                                        dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer.lora_B.weight)
+    x = rand(2, 24, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    compiled = torch.compile(layer, fullgraph=True, backend=_compile_backend(device))
+    compiled(x).float().sum().backward()
+    assert torch.isfinite(layer.lora_A.weight.grad).all() and torch.isfinite(x.grad).all()
+    assert layer.weight.grad is None
+
+
+@requires_cuda
+def test_cuda_graph_capture_forward():
+    x = rand(256, 128, device="cuda", dtype=torch.bfloat16)
+    weight, lora_A, lora_B, bias = make_params(128, 192, 16, "cuda", torch.bfloat16)
+    seed = make_seed("cuda")
+
+    def run():
+        return call_op(x, weight, lora_A, lora_B, bias, "gelu", 0.1, seed)[0]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # warm-up (builds, allocates)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, run(), rtol=0, atol=0)
+
+
+@requires_cuda
+def test_cuda_graph_training_step():
+    layer = cutlass_ext.FusedLoRALinear(128, 64, r=16, activation="gelu", device="cuda", dtype=torch.bfloat16)
+    torch.nn.init.normal_(layer.lora_B.weight, std=0.02)
+    x = rand(512, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    graphed = torch.cuda.make_graphed_callables(layer, (x,))
+    x2 = rand(512, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    graphed(x2).float().square().sum().backward()
+    trainable = (x2, layer.lora_A.weight, layer.lora_B.weight)
+    g_graph = [v.grad.clone() for v in trainable]
+    for v in trainable:
+        v.grad = None
+    layer(x2).float().square().sum().backward()
+    for a, v in zip(g_graph, trainable):
+        torch.testing.assert_close(a, v.grad, rtol=0, atol=0)
+
+
+@requires_cuda
+def test_runs_on_current_stream():
+    side = torch.cuda.Stream()
+    x = rand(1024, 512, device="cuda", dtype=torch.float16)
+    weight, lora_A, lora_B, bias = make_params(512, 768, 16, "cuda", torch.float16)
+    expected = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING, activation="silu")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x2 = x * 1  # produced on the side stream, consumed by the next launch on it
+        out = cutlass_ext.lora_linear(x2, weight, lora_A, lora_B, bias, scaling=SCALING, activation="silu")
+    side.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: every error names the argument
+
+
+def _good():
+    x = rand(8, 16, device="cpu", dtype=torch.float16)
+    return (x, *make_params(16, 12, 4, "cpu", torch.float16))
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,pattern",
+    [
+        (lambda x, w, a, b, c, kw: ((x.double(), w, a, b, c), kw), TypeError, "x has dtype torch.float64"),
+        (lambda x, w, a, b, c, kw: ((x, w.float(), a, b, c), kw), TypeError, "weight has dtype torch.float32 but x"),
+        (lambda x, w, a, b, c, kw: ((x, w, a.float(), b, c), kw), TypeError, "lora_A has dtype torch.float32"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b.bfloat16(), c), kw), TypeError, "lora_B has dtype torch.bfloat16"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b, c.float()), kw), TypeError, "bias has dtype"),
+        (lambda x, w, a, b, c, kw: ((x, w, a.to("meta"), b, c), kw), ValueError, "lora_A is on meta"),
+        (lambda x, w, a, b, c, kw: ((x[:, :8], w, a, b, c), kw), ValueError, r"x must be \[..., in_features\]"),
+        (lambda x, w, a, b, c, kw: ((x.sum(), w, a, b, c), kw), ValueError, r"x must be \[..., in_features\]"),
+        (lambda x, w, a, b, c, kw: ((x, w[0], a, b, c), kw), ValueError, "weight must be 2-D"),
+        (lambda x, w, a, b, c, kw: ((x, w, a[:, :8], b, c), kw), ValueError, r"lora_A must be \[r, in_features\]"),
+        (lambda x, w, a, b, c, kw: ((x, w, a.t(), b, c), kw), ValueError, "not its transpose"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b[:, :2], c), kw), ValueError, r"lora_B must be \[out_features, r\]"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b.t(), c), kw), ValueError, r"lora_B must be \[out_features, r\]"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b, c[:5]), kw), ValueError, r"bias must have shape \[out_features\]"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b, c), {**kw, "dropout_p": 1.5}), ValueError, "dropout_p must be"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b, c), {**kw, "dropout_p": -0.1}), ValueError, "dropout_p must be"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b, c), {**kw, "activation": "tanh"}), ValueError,
+         "activation must be one of"),
+        (lambda x, w, a, b, c, kw: ((x, w, a, b, c), {**kw, "scaling": torch.tensor(2.0)}), TypeError,
+         "scaling must be a Python number"),
+        (lambda x, w, a, b, c, kw: ((x.numpy(), w, a, b, c), kw), TypeError, "x must be a torch.Tensor"),
+    ],
+)
+def test_lora_linear_rejects_bad_input(mutate, exc, pattern):
+    args, kwargs = mutate(*_good(), {"scaling": 2.0})
+    with pytest.raises(exc, match=pattern):
+        cutlass_ext.lora_linear(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,pattern",
+    [
+        (lambda w, a, b: (w, a, b.t(), 1.0, {}), ValueError, "lora_B must be"),
+        (lambda w, a, b: (w, a[:, :3], b, 1.0, {}), ValueError, "lora_A must be"),
+        (lambda w, a, b: (w.double(), a, b, 1.0, {}), TypeError, "weight has dtype torch.float64"),
+        (lambda w, a, b: (w, a.float(), b, 1.0, {}), TypeError, "lora_A has dtype"),
+        (lambda w, a, b: (w, a, b, 1.0, {"sign": 2}), ValueError, "sign must be"),
+        (lambda w, a, b: (w, a, b, None, {}), TypeError, "scaling must be"),
+    ],
+)
+def test_lora_merge_rejects_bad_input(mutate, exc, pattern):
+    _, w, a, b, _ = _good()
+    weight, lora_A, lora_B, scaling, kwargs = mutate(w, a, b)
+    with pytest.raises(exc, match=pattern):
+        cutlass_ext.lora_merge(weight, lora_A, lora_B, scaling, **kwargs)
+
+
+@requires_cuda
+def test_device_mix_with_cuda_is_rejected():
+    x, w, a, b, c = _good()
+    with pytest.raises(ValueError, match="lora_B is on cuda:0 but weight is on cpu"):
+        cutlass_ext.lora_linear(x, w, a, b.cuda(), c, scaling=1.0)
+
+
+def test_cpu_runs_without_extension():
+    from cutlass_ext import _build
+
+    x, w, a, b, c = _good()
+    cutlass_ext.lora_linear(x, w, a, b, c, scaling=1.0, activation="relu")
+    cutlass_ext.lora_merge(w, a, b, 1.0)
+    if not torch.cuda.is_available():
+        assert _build._module is None
+
+
+# ------------------------------------------------------------------------------------------------
+# Against PEFT's LoRA layer (skipped where peft is not installed)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, in_f, out_f, device, dtype):
+        super().__init__()
+        self.proj = torch.nn.Linear(in_f, out_f, device=device, dtype=dtype)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def _peft_model(device, dtype, r=8, lora_alpha=16, use_rslora=False, lora_dropout=0.0):
+    peft = pytest.importorskip("peft")
+    model = _Model(72, 40, device, dtype)
+    config = peft.LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=["proj"], lora_dropout=lora_dropout,
+                             use_rslora=use_rslora)
+    peft_model = peft.get_peft_model(model, config)
+    layer = peft_model.base_model.model.proj
+    with torch.no_grad():
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.1)  # PEFT's B starts at zero
+    return peft_model, layer
+
+
+@pytest.mark.parametrize("use_rslora", [False, True])
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+def test_matches_peft(device, dtype_name, use_rslora):
+    dtype = DTYPES[dtype_name]
+    peft_model, peft_layer = _peft_model(device, dtype, use_rslora=use_rslora)
+    fused = cutlass_ext.FusedLoRALinear.from_peft(peft_layer)
+    assert fused.scaling == peft_layer.scaling["default"]
+    assert fused.weight is peft_layer.base_layer.weight
+    peft_factors = (peft_layer.lora_A["default"].weight, peft_layer.lora_B["default"].weight)
+    x = rand(3, 17, 72, device=device, dtype=dtype)
+    grad_out = rand(3, 17, 40, device=device, dtype=dtype)
+
+    def run(model, factors):
+        for v in factors:
+            v.grad = None
+        xg = x.clone().requires_grad_()
+        with fp32_precision(dtype_name):
+            out = model(xg)
+            out.backward(grad_out)
+        return out, [xg.grad, *(v.grad.clone() for v in factors)]
+
+    out_peft, grads_peft = run(peft_model, peft_factors)
+    out_fused, grads_fused = run(fused, (fused.lora_A.weight, fused.lora_B.weight))
+    # float32 adapters (PEFT keeps them so over 16-bit bases) in float64 are the reference
+    ref_inputs = [v.double() for v in (x, peft_layer.base_layer.weight, *peft_factors, peft_layer.base_layer.bias)]
+    ref_out, ref = grads_of(lambda *a: ref_lora(*a, fused.scaling, "none"), ref_inputs, grad_out.double())
+    assert_close_to_reference(out_fused, ref_out, out_peft, dtype_name)
+    for name, ours, theirs, r in zip(("dx", "dA", "dB"), grads_fused, grads_peft, (ref[0], ref[2], ref[3])):
+        assert_close_to_reference(ours, r, theirs, dtype_name, what=name)
+
+
+def test_matches_peft_merged_and_unmerged(device):
+    peft_model, peft_layer = _peft_model(device, torch.float32)
+    x = rand(5, 72, device=device, dtype=torch.float32)
+    with fp32_precision("fp32"), torch.no_grad():
+        fused = cutlass_ext.FusedLoRALinear.from_peft(peft_layer)
+        unmerged = fused(x)
+        expected_weight = peft_layer.base_layer.weight + peft_layer.get_delta_weight("default")
+        fused.merge()
+        torch.testing.assert_close(fused.weight, expected_weight, rtol=1e-5, atol=1e-6)
+        merged = fused(x)
+        fused.unmerge()
+        # PEFT's own merge tests use atol = rtol = 1e-4 in float32.
+        torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(peft_model(x), unmerged, rtol=1e-4, atol=1e-4)
+
+        peft_layer.merge()  # PEFT merges into the shared base weight; from_peft sees a merged layer
+        fused_of_merged = cutlass_ext.FusedLoRALinear.from_peft(peft_layer)
+        assert fused_of_merged.merged
+        torch.testing.assert_close(fused_of_merged(x), unmerged, rtol=1e-4, atol=1e-4)
+        fused_of_merged.unmerge()
+        peft_layer.merged_adapters.clear()  # the weight was unmerged through the fused layer
+        torch.testing.assert_close(peft_model(x), unmerged, rtol=1e-4, atol=1e-4)
+
+
+def test_state_dict_round_trip_with_peft(device):
+    peft = pytest.importorskip("peft")
+    peft_model, peft_layer = _peft_model(device, torch.float32)
+    prefix = "base_model.model.proj."
+    adapter_sd = peft.get_peft_model_state_dict(peft_model)  # PEFT's saved-adapter keys
+    assert set(adapter_sd) == {prefix + "lora_A.weight", prefix + "lora_B.weight"}
+    base = torch.nn.Linear(72, 40, device=device)
+    base.load_state_dict(peft_layer.base_layer.state_dict())
+
+    # PEFT adapter file -> FusedLoRALinear: the keys match after the module prefix.
+    fused = cutlass_ext.FusedLoRALinear.from_linear(base, r=8, lora_alpha=16)
+    missing, unexpected = fused.load_state_dict({k[len(prefix):]: v for k, v in adapter_sd.items()}, strict=False)
+    assert set(missing) == {"weight", "bias"} and not unexpected
+    x = rand(9, 72, device=device, dtype=torch.float32)
+    with fp32_precision("fp32"), torch.no_grad():
+        torch.testing.assert_close(fused(x), peft_model(x), rtol=1e-5, atol=1e-5)
+
+    # FusedLoRALinear -> a fresh PEFT model.
+    with torch.no_grad():
+        torch.nn.init.normal_(fused.lora_A.weight)
+    other_model, _ = _peft_model(device, torch.float32)
+    other_model.base_model.model.proj.base_layer.load_state_dict(base.state_dict())
+    lora_sd = {prefix + k: v for k, v in fused.state_dict().items() if k.startswith("lora_")}
+    peft.set_peft_model_state_dict(other_model, lora_sd)
+    with fp32_precision("fp32"), torch.no_grad():
+        torch.testing.assert_close(other_model(x), fused(x), rtol=1e-5, atol=1e-5)
+    # and nn.Linear's own keys for the base
+    assert fused.state_dict()["weight"].data_ptr() == base.weight.data_ptr()
+
+
+def test_from_peft_keeps_dropout_probability():
+    _, peft_layer = _peft_model("cpu", torch.float32, lora_dropout=0.1)
+    fused = cutlass_ext.FusedLoRALinear.from_peft(peft_layer)
+    assert fused.lora_dropout == 0.1
