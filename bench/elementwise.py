@@ -126,6 +126,8 @@ def run(args):
                                gbs={p: bytes_moved / t * 1e-3 for p, t in rec["us"].items()})
                     rec["pct_copy"] = rec["gbs"]["cutlass_ext"] / copy_gbs
                     records.append(rec)
+                    # Written after every case, so that an interrupted sweep keeps what it measured.
+                    write_results("elementwise", {"records": records, "summary": summarize(records)["table"]}, args.out)
                     us = rec["us"]
                     print(f"{dname} {case.name:24s} {mode:6s} {rows:6d}x{cols:<6d} "
                           f"ours {us['cutlass_ext']:8.1f} us {rec['gbs']['cutlass_ext']:6.0f} GB/s "
