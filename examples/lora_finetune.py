@@ -1,7 +1,10 @@
 """LoRA fine-tuning of a small MLP with FusedLoRALinear layers, next to the same model wrapped by PEFT
 (or, where peft is not installed, a plain-PyTorch LoRA layer): same seed, same base weights, same
 adapter init, same batches, AdamW. Prints both loss curves and step times, and exits non-zero if
-the curves diverge beyond a tolerance.
+the curves diverge beyond a tolerance. In bf16 two correct implementations round differently,
+and after a few dozen AdamW steps their trajectories drift apart the way any two bf16 runs do;
+there the curves are compared step by step over the first 25 steps, and both must then keep
+falling (final loss below half the initial one).
 
 The task: a frozen random "pretrained" MLP (4 linear layers, GELU between them) is adapted to a
 teacher that differs from it by a rank-4 change of every weight, so rank-8 adapters can fit it.
@@ -172,17 +175,20 @@ def main(argv=None) -> int:
         curve = "  ".join(f"{s}:{losses[s]:.5f}" for s in range(0, steps, max(1, steps // 8)))
         print(f"{name:16s} {seconds * 1e3:8.2f} ms/step  loss {curve}  final {losses[-1]:.5f}")
 
-    bad = diverged(results["FusedLoRALinear"], results[peer_name], rtol, atol)
+    compared = 25 if dtype == torch.bfloat16 else steps
+    bad = diverged(results["FusedLoRALinear"][:compared], results[peer_name][:compared], rtol, atol)
     if bad:
         i = bad[0]
         print(f"FAIL: loss curves diverge at {len(bad)} steps (first: step {i}, FusedLoRALinear "
               f"{results['FusedLoRALinear'][i]:.5f} vs {peer_name} {results[peer_name][i]:.5f}; "
               f"rtol {rtol}, atol {atol} x initial loss)")
         return 1
-    if not results["FusedLoRALinear"][-1] < 0.5 * results["FusedLoRALinear"][0]:
-        print("FAIL: the loss did not fall")
-        return 1
-    print(f"OK: loss curves agree within rtol {rtol} (+ {atol} x initial loss) at every step")
+    for name, losses in results.items():
+        if not losses[-1] < 0.5 * losses[0]:
+            print(f"FAIL: {name}'s loss did not fall below half its initial value")
+            return 1
+    print(f"OK: loss curves agree within rtol {rtol} (+ {atol} x initial loss) over the first {compared} "
+          "steps, and both fall below half the initial loss")
     return 0
 
 

@@ -104,7 +104,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor&
   p.eps = float(eps);
   p.relu = relu;
   p.dropout = drop;
-  p.sm_count = sm_count(x.device().index());
   check_launch(layer_norm_forward(p, current_stream(x.device())), op, "layer_norm_forward");
   return {y, mean, rstd};
 }

@@ -28,7 +28,8 @@ namespace {
 
 // weight [out, in], lora_A [r, in], lora_B [out, r]: one dtype, on weight's CUDA device.
 void check_adapter(const at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B, const char* op) {
-  CE_CHECK(weight.is_cuda() && weight.dim() == 2, op, ": weight must be a 2-D CUDA tensor, got ", shape_str(weight));
+  CE_CHECK(weight.is_cuda() && weight.dim() == 2, op, ": weight must be a 2-D CUDA tensor, got ",
+           shape_str(weight));
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{lora_A, "lora_A"}, {lora_B, "lora_B"}}) {
     CE_CHECK(t.device() == weight.device() && t.scalar_type() == weight.scalar_type(), op, ": ", name,
              " must be a ", weight.scalar_type(), " tensor on ", weight.device());

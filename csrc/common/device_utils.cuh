@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime_api.h>
 #include <cutlass/numeric_types.h>
 
+#include "common/activation.h"
 #include "common/types.h"
 
 namespace cutlass_ext {
@@ -25,6 +27,34 @@ struct alignas(sizeof(T) * kVec) Pack {
 
 template <class T>
 constexpr int vec_width() { return 16 / int(sizeof(T)); }
+
+template <class T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> load_pack(const T* src) {
+  return *reinterpret_cast<const Pack<T, kVec>*>(src);
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void store_pack(T* dst, Pack<T, kVec> const& v) {
+  *reinterpret_cast<Pack<T, kVec>*>(dst) = v;
+}
+
+// kVec adjacent elements as one load (store), converted to (from) fp32.
+template <class T, int kVec>
+__device__ __forceinline__ void load_vec(const T* src, float (&out)[kVec]) {
+  const Pack<T, kVec> pk = load_pack<T, kVec>(src);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) out[i] = float(pk.v[i]);
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
+  Pack<T, kVec> pk;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) pk.v[i] = T(in[i]);
+  store_pack<T, kVec>(dst, pk);
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -54,6 +84,20 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
 
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<false>(v, scratch); }
 __device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce<true>(v, scratch); }
+
+// Calls f(std::integral_constant<int, code>{}) for an activation code, so that each activation
+// gets its own kernel instantiation while the code stays a run-time parameter of the launcher.
+template <class F>
+void dispatch_activation(int code, F&& f) {
+  switch (code) {
+    case int(Activation::kRelu): return f(std::integral_constant<int, int(Activation::kRelu)>{});
+    case int(Activation::kGelu): return f(std::integral_constant<int, int(Activation::kGelu)>{});
+    case int(Activation::kGeluTanh): return f(std::integral_constant<int, int(Activation::kGeluTanh)>{});
+    case int(Activation::kSilu): return f(std::integral_constant<int, int(Activation::kSilu)>{});
+    case int(Activation::kSigmoid): return f(std::integral_constant<int, int(Activation::kSigmoid)>{});
+    default: return f(std::integral_constant<int, int(Activation::kNone)>{});
+  }
+}
 
 // Runs Fn<T>{}(params, stream) for the params' dtype and reports a launch error.
 template <template <class> class Fn, class P>

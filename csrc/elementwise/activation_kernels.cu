@@ -88,14 +88,8 @@ void launch_act_grad_kind(ActGradParams const& p, cudaStream_t stream) {
 
 template <class T, int kVec>
 void launch_act_grad_vec(ActGradParams const& p, cudaStream_t stream) {
-  switch (p.activation) {
-    case int(Activation::kRelu): return launch_act_grad_kind<T, kVec, int(Activation::kRelu)>(p, stream);
-    case int(Activation::kGelu): return launch_act_grad_kind<T, kVec, int(Activation::kGelu)>(p, stream);
-    case int(Activation::kGeluTanh): return launch_act_grad_kind<T, kVec, int(Activation::kGeluTanh)>(p, stream);
-    case int(Activation::kSilu): return launch_act_grad_kind<T, kVec, int(Activation::kSilu)>(p, stream);
-    case int(Activation::kSigmoid): return launch_act_grad_kind<T, kVec, int(Activation::kSigmoid)>(p, stream);
-    default: return launch_act_grad_kind<T, kVec, int(Activation::kNone)>(p, stream);
-  }
+  dispatch_activation(p.activation,
+                      [&](auto kind) { launch_act_grad_kind<T, kVec, decltype(kind)::value>(p, stream); });
 }
 
 template <class T>
@@ -136,14 +130,8 @@ void launch_activation_forward_kind(ActForwardParams const& p, cudaStream_t stre
 
 template <class T>
 void launch_activation_forward(ActForwardParams const& p, cudaStream_t stream) {
-  switch (p.activation) {
-    case int(Activation::kRelu): return launch_activation_forward_kind<T, int(Activation::kRelu)>(p, stream);
-    case int(Activation::kGelu): return launch_activation_forward_kind<T, int(Activation::kGelu)>(p, stream);
-    case int(Activation::kGeluTanh): return launch_activation_forward_kind<T, int(Activation::kGeluTanh)>(p, stream);
-    case int(Activation::kSilu): return launch_activation_forward_kind<T, int(Activation::kSilu)>(p, stream);
-    case int(Activation::kSigmoid): return launch_activation_forward_kind<T, int(Activation::kSigmoid)>(p, stream);
-    default: return launch_activation_forward_kind<T, int(Activation::kNone)>(p, stream);
-  }
+  dispatch_activation(p.activation,
+                      [&](auto kind) { launch_activation_forward_kind<T, decltype(kind)::value>(p, stream); });
 }
 
 template <class T>

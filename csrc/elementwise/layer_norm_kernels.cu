@@ -69,20 +69,6 @@ bool backward_vectorizable(LayerNormBackwardParams const& p) {
 // ---------------------------------------------------------------------------------------------
 // Device helpers
 
-template <class T, int kVec>
-__device__ __forceinline__ void load_vec(const T* ptr, float (&out)[kVec]) {
-  const Pack<T, kVec> pk = *reinterpret_cast<const Pack<T, kVec>*>(ptr);
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) out[j] = float(pk.v[j]);
-}
-
-template <class T, int kVec>
-__device__ __forceinline__ void store_vec(T* ptr, const float (&in)[kVec]) {
-  Pack<T, kVec> pk;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) pk.v[j] = T(in[j]);
-  *reinterpret_cast<Pack<T, kVec>*>(ptr) = pk;
-}
 
 // weight (or 1) and bias (or 0) of kVec columns.
 template <class T, int kVec>
@@ -201,87 +187,56 @@ __device__ __forceinline__ void normalize_store(LayerNormParams const& p, Dropou
 }
 
 // Rows held in registers: kTpr threads per row, exact two-pass statistics over the registers.
-// The grid is at most a few waves and each block walks rows, so every thread loads its columns'
-// weight and bias once: reloading them for every row tripled the load traffic through L1/L2.
+// One row per thread group and one wave of short blocks after another: a persistent grid that
+// kept weight and bias in registers and prefetched the next row measured slower (bench/NOTES.md).
 template <class T, int kVec, int kVecs, int kTpr, int kThreads>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNormParams p) {
   constexpr int kRowsPerBlock = kThreads / kTpr;
   __shared__ float scratch[kThreads / 32];
   const int lane = threadIdx.x % kTpr;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr;
+  const bool row_ok = row < p.rows;
   const int64_t cols = p.cols;
-  float w[kVecs][kVec], b[kVecs][kVec];
+  const T* x = static_cast<const T*>(p.x) + (row_ok ? row : 0) * p.x_ld;
+
+  float h[kVecs][kVec];
+  float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
     const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-    if (col < cols) load_affine<T, kVec>(p.weight, p.bias, col, w[i], b[i]);
+    if (row_ok && col < cols) {
+      load_vec<T, kVec>(x + col, h[i]);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (p.relu) h[i][j] = act::relu(h[i][j]);
+        sum += h[i][j];
+      }
+    }
+  }
+  const float mean = group_sum<kTpr>(sum, scratch) / float(cols);
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+    if (row_ok && col < cols) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = h[i][j] - mean;
+        sq += d * d;
+      }
+    }
+  }
+  const float rstd = rsqrtf(group_sum<kTpr>(sq, scratch) / float(cols) + p.eps);
+  if (!row_ok) return;  // after the last group reduction
+  if (lane == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
   }
   const Dropout drop(p.dropout);
-
-  // Software pipelining: the next row's loads are issued before this row's reductions, so a
-  // thread keeps two rows of loads in flight instead of stalling on every row's round trip.
-  using P = Pack<T, kVec>;
-  const int64_t step = int64_t(gridDim.x) * kRowsPerBlock;
-  auto load_row = [&](int64_t row, P (&raw)[kVecs]) {
-    if (row >= p.rows) return;
-    const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
 #pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-      if (col < cols) raw[i] = *reinterpret_cast<const P*>(x + col);
-    }
-  };
-  P next[kVecs];
-  load_row(int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr, next);
-
-  // The loop bound is uniform across the block: group_sum may synchronize it.
-  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows; first += step) {
-    const int64_t row = first + threadIdx.x / kTpr;
-    const bool row_ok = row < p.rows;
-    float h[kVecs][kVec];
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-      if (row_ok && col < cols) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          h[i][j] = float(next[i].v[j]);
-          if (p.relu) h[i][j] = act::relu(h[i][j]);
-          sum += h[i][j];
-        }
-      }
-    }
-    load_row(row + step, next);
-    const float mean = group_sum<kTpr>(sum, scratch) / float(cols);
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-      if (row_ok && col < cols) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float d = h[i][j] - mean;
-          sq += d * d;
-        }
-      }
-    }
-    const float rstd = rsqrtf(group_sum<kTpr>(sq, scratch) / float(cols) + p.eps);
-    if (!row_ok) continue;  // after the row's last group reduction
-    if (lane == 0) {
-      p.mean[row] = mean;
-      p.rstd[row] = rstd;
-    }
-    T* y = static_cast<T*>(p.y) + row * p.y_ld;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-      if (col < cols) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) h[i][j] = (h[i][j] - mean) * rstd * w[i][j] + b[i][j];
-        if (drop.on) drop.apply<kVec>(h[i], uint64_t(row) * uint64_t(cols) + uint64_t(col));
-        store_vec<T, kVec>(y + col, h[i]);
-      }
-    }
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
+    if (col < cols) normalize_store<T, kVec>(p, drop, row, col, h[i], mean, rstd);
   }
 }
 
@@ -332,9 +287,7 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
   const int64_t nv = (p.cols + kVec - 1) / kVec;
   const bool in_registers = with_row_config(nv, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    // Up to four waves of full-occupancy blocks (2048 threads per SM); each block walks rows.
-    const int64_t waves = 4 * int64_t(std::max(p.sm_count, 1)) * (2048 / Cfg::kThreads);
-    const int64_t blocks = std::min((p.rows + Cfg::kRowsPerBlock - 1) / Cfg::kRowsPerBlock, waves);
+    const int64_t blocks = (p.rows + Cfg::kRowsPerBlock - 1) / Cfg::kRowsPerBlock;
     layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
         <<<unsigned(blocks), Cfg::kThreads, 0, stream>>>(p);
   });

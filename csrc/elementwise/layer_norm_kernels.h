@@ -42,7 +42,6 @@ struct LayerNormParams {
   float eps = 1e-5f;
   bool relu = false;
   DropoutParams dropout;
-  int sm_count = 1;  // sizes the grid of the register path
 };
 
 LaunchResult layer_norm_forward(LayerNormParams const& p, cudaStream_t stream);

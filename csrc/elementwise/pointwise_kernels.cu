@@ -17,31 +17,6 @@ constexpr int kBackwardUnroll = 2;     // (the backward already streams 2-3 inpu
 constexpr int kBackwardBlocksPerSm = 4;
 constexpr int kMinRowsPerSplit = 32;
 
-template <class T, int kVec>
-__device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
-  return *reinterpret_cast<const Pack<T, kVec>*>(p);
-}
-
-template <class T, int kVec>
-__device__ __forceinline__ void store_pack(T* p, Pack<T, kVec> const& v) {
-  *reinterpret_cast<Pack<T, kVec>*>(p) = v;
-}
-
-// Calls f(std::integral_constant<int, code>{}) so each activation gets its own kernel.
-template <class F>
-void dispatch_activation(int code, F&& f) {
-  switch (code) {
-    case int(Activation::kRelu): return f(std::integral_constant<int, int(Activation::kRelu)>{});
-    case int(Activation::kGelu): return f(std::integral_constant<int, int(Activation::kGelu)>{});
-    case int(Activation::kGeluTanh): return f(std::integral_constant<int, int(Activation::kGeluTanh)>{});
-    case int(Activation::kSilu): return f(std::integral_constant<int, int(Activation::kSilu)>{});
-    case int(Activation::kSigmoid): return f(std::integral_constant<int, int(Activation::kSigmoid)>{});
-    default: return f(std::integral_constant<int, int(Activation::kNone)>{});
-  }
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Blocks of kThreads threads of `kernel` resident per SM: grid-stride kernels launch exactly one
 // wave (sm_count times this), so no partial last wave idles the GPU.
 template <class Kernel>

@@ -15,12 +15,7 @@ constexpr int kMaxGroupVectors = 256;     // rows up to this many vectors: a gro
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <class T, int kVec>
-__device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
-  return *reinterpret_cast<const Pack<T, kVec>*>(p);
-}
 
 template <class T, int kVec>
 __device__ __forceinline__ float pack_sum(Pack<T, kVec> const& v) {

@@ -34,7 +34,6 @@ constexpr int64_t kSplitChunkAlign = 256;  // chunk starts stay multiples of eve
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int pow2_at_least(int64_t n) {
   int p = 1;
@@ -64,23 +63,6 @@ struct RowStats {
   float max, sum;
 };
 
-// ---------------------------------------------------------------------------------------------
-// Vector access: kVec adjacent elements as one load/store, converted to/from fp32.
-
-template <class T, int kVec>
-__device__ __forceinline__ void load_vec(const T* src, float (&out)[kVec]) {
-  const Pack<T, kVec> pk = *reinterpret_cast<const Pack<T, kVec>*>(src);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) out[i] = float(pk.v[i]);
-}
-
-template <class T, int kVec>
-__device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
-  Pack<T, kVec> pk;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) pk.v[i] = T(in[i]);
-  *reinterpret_cast<Pack<T, kVec>*>(dst) = pk;
-}
 
 // Reductions over the threads that share a row: kLanes adjacent lanes of a warp, or the block.
 template <int kLanes>
