@@ -39,3 +39,17 @@ def fp32_precision(dtype_name: str):
         yield
     finally:
         torch.set_float32_matmul_precision(old)
+
+
+def capture_cuda_graph(fn):
+    """Runs ``fn`` once on a side stream (the one-time build, allocations), then captures a second
+    call in a CUDA graph. Returns (graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

@@ -12,7 +12,7 @@ import cutlass_ext
 from cutlass_ext.ops import _rng
 
 from ..conftest import requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference
+from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 # Row lengths: tiny, odd, a sub-warp/warp row, not a multiple of the vector width, and (CUDA only) a
@@ -415,14 +415,7 @@ def test_compile_fullgraph_dropout(device):
 def test_cuda_graph_replay_new_data():
     x = rand(512, 1024, device="cuda", dtype=torch.bfloat16)
     weight, bias = make_affine("both", 1024, "cuda", torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        cutlass_ext.layer_norm(x, weight, bias, relu=True)  # warm-up (builds, allocates)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cutlass_ext.layer_norm(x, weight, bias, relu=True)
+    graph, out = capture_cuda_graph(lambda: cutlass_ext.layer_norm(x, weight, bias, relu=True))
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()
@@ -433,14 +426,7 @@ def test_cuda_graph_replay_new_data():
 @requires_cuda
 def test_cuda_graph_dropout_draws_a_new_mask_per_replay():
     x = rand(256, 512, device="cuda", dtype=torch.float16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        cutlass_ext.layer_norm(x, dropout_p=0.5)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cutlass_ext.layer_norm(x, dropout_p=0.5)
+    graph, out = capture_cuda_graph(lambda: cutlass_ext.layer_norm(x, dropout_p=0.5))
     masks = []
     for _ in range(2):
         graph.replay()

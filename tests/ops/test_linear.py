@@ -15,7 +15,7 @@ from cutlass_ext.ops import _activation
 from cutlass_ext.ops import linear as linear_ops
 
 from ..conftest import HAS_CUDA, requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, fp32_precision
+from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 ACTS = list(_activation.ACTIVATIONS)
@@ -353,14 +353,7 @@ def test_cuda_graph_capture_forward():
     A = rand(256, 128, device="cuda", dtype=torch.bfloat16)
     W = rand(192, 128, device="cuda", dtype=torch.bfloat16)
     bias = rand(192, device="cuda", dtype=torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        cutlass_ext.linear(A, W.t(), bias, activation="gelu")  # warm-up (builds, allocates)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = cutlass_ext.linear(A, W.t(), bias, activation="gelu")
+    graph, out = capture_cuda_graph(lambda: cutlass_ext.linear(A, W.t(), bias, activation="gelu"))
     for _ in range(2):
         A.copy_(torch.randn_like(A))
         graph.replay()

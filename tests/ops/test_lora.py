@@ -14,7 +14,7 @@ import cutlass_ext
 from cutlass_ext.ops import _activation, _rng
 
 from ..conftest import requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, fp32_precision
+from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 ACTS = ["none", "relu", "gelu"]
@@ -515,14 +515,7 @@ def test_cuda_graph_capture_forward():
     def run():
         return call_op(x, weight, lora_A, lora_B, bias, "gelu", 0.1, seed)[0]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()  # warm-up (builds, allocates)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture_cuda_graph(run)
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         graph.replay()

@@ -10,7 +10,7 @@ import cutlass_ext
 from cutlass_ext.ops import _activation
 
 from ..conftest import requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference
+from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 ACTS = list(_activation.ACTIVATIONS)
@@ -384,14 +384,7 @@ def test_cuda_graph_capture():
         dx, db, dr = torch.ops.cutlass_ext._bias_act_backward(y, x, bias, residual, "silu", 2.0, True, True, True)
         return y, cutlass_ext.sum(x, 0), cutlass_ext.sum(x, 1), cutlass_ext.add(y, residual), dx, db, dr
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()  # warm-up (builds, allocates)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = run()
+    graph, outs = capture_cuda_graph(run)
     for _ in range(2):
         x.copy_(torch.randn_like(x))
         residual.copy_(torch.randn_like(residual))
