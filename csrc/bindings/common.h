@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -102,5 +103,12 @@ inline std::string shape_str(const at::Tensor& t) {
 }
 
 inline int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// `lead` with `last` appended: the output shape of an op over the last dimension.
+inline std::vector<int64_t> with_last(at::IntArrayRef lead, std::initializer_list<int64_t> last) {
+  std::vector<int64_t> out(lead.begin(), lead.end());
+  out.insert(out.end(), last);
+  return out;
+}
 
 }  // namespace cutlass_ext

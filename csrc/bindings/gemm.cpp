@@ -422,12 +422,6 @@ int64_t prod(at::IntArrayRef sizes) {
   return n;
 }
 
-std::vector<int64_t> with_last(at::IntArrayRef lead, std::initializer_list<int64_t> last) {
-  std::vector<int64_t> out(lead.begin(), lead.end());
-  out.insert(out.end(), last);
-  return out;
-}
-
 std::tuple<at::Tensor, at::Tensor> linear_cuda(const at::Tensor& a, const at::Tensor& b,
                                                const c10::optional<at::Tensor>& bias,
                                                c10::string_view activation_name, bool save_preact) {

@@ -75,12 +75,6 @@ at::Tensor dropped(const at::Tensor& x2, double p, const c10::optional<at::Tenso
   return out;
 }
 
-std::vector<int64_t> with_last(at::IntArrayRef lead, int64_t last) {
-  std::vector<int64_t> out(lead.begin(), lead.end());
-  out.push_back(last);
-  return out;
-}
-
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const GemmOptions& opts, float alpha = 1.f) {
   return std::get<0>(gemm_op(a, b, c10::nullopt, 0, false, opts, GemmExtra{alpha}));
 }
@@ -101,9 +95,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
   const at::Tensor t = mm(dropped(x2, dropout_p, seed, op), lora_A.t(), opts);
   at::Tensor low_rank = mm(t, lora_B.t(), opts, float(scaling));
   auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, GemmExtra{1.f, low_rank, low_rank});
-  y = y.view(with_last(lead, out));
-  if (z.dim() == 2) z = z.view(with_last(lead, out));
-  return {y, t.view(with_last(lead, r)), z};
+  y = y.view(with_last(lead, {out}));
+  if (z.dim() == 2) z = z.view(with_last(lead, {out}));
+  return {y, t.view(with_last(lead, {r})), z};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_linear_backward_cuda(
