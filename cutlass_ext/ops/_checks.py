@@ -31,3 +31,12 @@ def check_dtype(x: torch.Tensor, name: str, op: str) -> None:
             f"cutlass_ext.{op}: {name} has dtype {x.dtype}; supported are float16, bfloat16 and float32 "
             f"(cast with {name}.to(torch.bfloat16), for example)"
         )
+
+
+def check_vector(ref: torch.Tensor, ref_name: str, t, name: str, length: int, shape: str, op: str) -> None:
+    """``t`` is a 1-D tensor of ``length`` elements with ``ref``'s dtype and device; ``shape``
+    describes the expected shape in the error, e.g. "[N] = [4096] (B's columns)"."""
+    check_tensor(t, name, op)
+    check_pair(ref, ref_name, t, name, op)
+    if t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"cutlass_ext.{op}: {name} must have shape {shape}, got {tuple(t.shape)}")

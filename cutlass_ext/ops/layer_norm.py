@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import _rng
-from ._checks import check_dtype, check_pair, check_tensor
+from ._checks import check_dtype, check_tensor, check_vector
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -164,15 +164,8 @@ def check_layer_norm_args(x, weight, bias, eps, dropout_p, op: str = "layer_norm
             f"got {tuple(x.shape)}"
         )
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        check_tensor(t, name, op)
-        check_pair(x, "x", t, name, op)
-        if t.dim() != 1 or t.shape[0] != x.shape[-1]:
-            raise ValueError(
-                f"cutlass_ext.{op}: {name} must have shape [C] = [{x.shape[-1]}] (x's last dimension), "
-                f"got {tuple(t.shape)}"
-            )
+        if t is not None:
+            check_vector(x, "x", t, name, x.shape[-1], f"[C] = [{x.shape[-1]}] (x's last dimension)", op)
     if not eps >= 0:
         raise ValueError(f"cutlass_ext.{op}: eps must be >= 0, got {eps}")
     if not 0.0 <= dropout_p <= 1.0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _activation
-from ._checks import check_dtype, check_pair, check_tensor
+from ._checks import check_dtype, check_pair, check_tensor, check_vector
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -51,13 +51,7 @@ def check_linear_args(A, B, bias, op: str = "linear") -> None:
             "B must be [K, N] (for an nn.Linear weight of shape [N, K] pass weight.t())"
         )
     if bias is not None:
-        check_tensor(bias, "bias", op)
-        check_pair(A, "A", bias, "bias", op)
-        if bias.dim() != 1 or bias.shape[0] != B.shape[1]:
-            raise ValueError(
-                f"cutlass_ext.{op}: bias must have shape [N] = [{B.shape[1]}] (B's columns), "
-                f"got {tuple(bias.shape)}"
-            )
+        check_vector(A, "A", bias, "bias", B.shape[1], f"[N] = [{B.shape[1]}] (B's columns)", op)
 
 
 def check_matmul_args(A, B) -> None:

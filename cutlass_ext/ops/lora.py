@@ -19,7 +19,7 @@ import numbers
 import torch
 
 from . import _activation, _rng
-from ._checks import check_dtype, check_pair, check_tensor
+from ._checks import check_dtype, check_pair, check_tensor, check_vector
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -88,12 +88,7 @@ def check_lora_linear_args(x, weight, lora_A, lora_B, bias, scaling, dropout_p, 
             f"(weight is [{weight.shape[0]}, {weight.shape[1]}]), got shape {tuple(x.shape)}"
         )
     if bias is not None:
-        check_tensor(bias, "bias", op)
-        check_pair(x, "x", bias, "bias", op)
-        if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
-            raise ValueError(
-                f"cutlass_ext.{op}: bias must have shape [out_features] = [{weight.shape[0]}], got {tuple(bias.shape)}"
-            )
+        check_vector(x, "x", bias, "bias", weight.shape[0], f"[out_features] = [{weight.shape[0]}]", op)
     _check_scaling(scaling, op)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"cutlass_ext.{op}: dropout_p must be a number in [0, 1], got {dropout_p!r}")

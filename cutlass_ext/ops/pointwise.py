@@ -12,7 +12,7 @@ import numbers
 import torch
 
 from . import _activation
-from ._checks import check_dtype, check_pair, check_tensor
+from ._checks import check_dtype, check_pair, check_tensor, check_vector
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -134,13 +134,7 @@ def check_bias_act_args(x, bias, scale, residual) -> None:
     if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise TypeError(f"cutlass_ext.{op}: scale must be a Python number, got {type(scale).__name__}")
     if bias is not None:
-        check_tensor(bias, "bias", op)
-        check_pair(x, "x", bias, "bias", op)
-        if bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
-            raise ValueError(
-                f"cutlass_ext.{op}: bias must have shape [C] = [{x.shape[-1]}] (x's last dimension), "
-                f"got {tuple(bias.shape)}"
-            )
+        check_vector(x, "x", bias, "bias", x.shape[-1], f"[C] = [{x.shape[-1]}] (x's last dimension)", op)
     if residual is not None:
         check_tensor(residual, "residual", op)
         check_pair(x, "x", residual, "residual", op)
