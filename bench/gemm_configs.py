@@ -15,17 +15,21 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, write_results  # noqa: E402
+from _common import Timer, geomean, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
-SHAPES = [(m, k, n) for k, n in ((4096, 4096), (4096, 11008), (11008, 4096)) for m in (2048, 4096, 8192, 16384)]
-SHAPES += [(4096, 4096, 4096), (8192, 8192, 8192)]
+LLM = ((4096, 4096), (4096, 11008), (11008, 4096))
+SHAPE_SETS = {
+    "large": [(m, k, n) for k, n in LLM for m in (2048, 4096, 8192, 16384)] + [(4096, 4096, 4096), (8192, 8192, 8192)],
+    "small": [(m, k, n) for k, n in LLM for m in (1, 8, 16, 32, 64, 128, 256, 512)],
+}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--set", default="large", choices=sorted(SHAPE_SETS))
     parser.add_argument("--swizzles", default="1,2,4,8")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default=None)
@@ -34,38 +38,52 @@ def main(argv=None) -> int:
     prefix = f"sm90_{args.dtype}_kk_bias_act_"
     configs = [cfg for name, cfg in cutlass_ext.build().kernels() if name.startswith(prefix) and "_aux_" not in name]
     timer = Timer(iters=args.iters)
+    ext = cutlass_ext.build()
+    ext._configure_tuning("", False)  # an empty in-memory table: "default" is the heuristic
     rows = []
-    for m, k, n in SHAPES:
+    for m, k, n in SHAPE_SETS[args.set]:
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
         b = torch.randn(n, device="cuda", dtype=dtype)
 
         def ours(cfg, swizzle):
             def run():
-                os.environ["CUTLASS_EXT_GEMM_CONFIG"] = cfg
                 os.environ["CUTLASS_EXT_GEMM_SWIZZLE"] = swizzle
-                cutlass_ext.linear(x, w.t(), b, relu=True)
+                cutlass_ext.linear(x, w.t(), b, relu=True, config=cfg)
             return run
 
         def default():
-            os.environ.pop("CUTLASS_EXT_GEMM_CONFIG", None)
             os.environ.pop("CUTLASS_EXT_GEMM_SWIZZLE", None)
             cutlass_ext.linear(x, w.t(), b, relu=True)
 
-        fns = {"cublaslt": lambda: torch._addmm_activation(b, x, w.t()), "default": default}
+        fns = {"cublaslt": lambda: torch._addmm_activation(b, x, w.t()), "default": default,
+               "eager": lambda: torch.relu(torch.nn.functional.linear(x, w, b))}
         fns.update({f"{cfg}/s{s}": ours(cfg, s) for cfg in configs for s in args.swizzles.split(",")})
         with torch.no_grad():
             results = timer.median_us_many(fns)
-        os.environ.pop("CUTLASS_EXT_GEMM_CONFIG", None)
         os.environ.pop("CUTLASS_EXT_GEMM_SWIZZLE", None)
-        peer, default = results.pop("cublaslt"), results.pop("default")
+        peer, default, eager = results.pop("cublaslt"), results.pop("default"), results.pop("eager")
         best = min(results, key=results.get)
-        rows.append({"M": m, "K": k, "N": n, "cublaslt_us": peer, "default_us": default, "configs": results})
+        # What the autotuner picks for this bucket (its own timing), priced by this sweep's timings.
+        with cutlass_ext.tune():
+            cutlass_ext.linear(x, w.t(), b, relu=True)
+        tuned = next(iter(cutlass_ext.tuning.entries().values()))
+        ext._clear_tuning()
+        tuned_us = min(t for name, t in results.items() if name.startswith(tuned + "/"))
+        rows.append({"M": m, "K": k, "N": n, "cublaslt_us": peer, "eager_us": eager, "default_us": default,
+                     "tuned_config": tuned, "tuned_us": tuned_us, "best_config": best, "configs": results})
         top = sorted(results.items(), key=lambda kv: kv[1])[:3]
-        print(f"{m:6d} {k:6d} {n:6d}  cublaslt {peer:8.1f}  default {default:8.1f} ({peer / default:4.2f})  best "
+        print(f"{m:6d} {k:6d} {n:6d}  cublaslt {peer:8.1f}  eager {eager:8.1f}  default {default:8.1f} ({peer / default:4.2f})  best "
               f"{best} {results[best]:8.1f} ({peer / results[best]:4.2f})  next: "
               + ", ".join(f"{c} {t:.1f}" for c, t in top[1:]), flush=True)
-    path = write_results(f"gemm_configs-{args.dtype}", {"rows": rows}, args.out)
+    summary = {
+        "heuristic_over_best_max": max(r["default_us"] / r["configs"][r["best_config"]] for r in rows),
+        "heuristic_over_tuned_max": max(r["default_us"] / r["tuned_us"] for r in rows),
+        "heuristic_over_tuned_geomean": geomean([r["default_us"] / r["tuned_us"] for r in rows]),
+        "cublaslt_over_heuristic_min": min(r["cublaslt_us"] / r["default_us"] for r in rows),
+    }
+    print("summary: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
+    path = write_results(f"gemm_configs-{args.set}-{args.dtype}", {"rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0
 

@@ -5,7 +5,7 @@ GEMM functions: :func:`linear` (act(A @ B + bias) in one kernel), :func:`matmul`
 :func:`lora_linear` (a linear layer with a LoRA adapter in one op), :func:`lora_merge`.
 Other functions: :func:`softmax`, :func:`layer_norm` (fused ReLU + LayerNorm + dropout),
 :func:`bias_act` (act(scale * x + bias + residual)), :func:`sum`, :func:`add`.
-Modules: :class:`FusedLinear`, :class:`FusedLoRALinear`.
+Modules: :class:`FusedLinear`, :class:`FusedLoRALinear`. GEMM autotuning: :func:`tune`.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.cutlass_ext.*)
@@ -16,11 +16,12 @@ from .ops.linear import linear, matmul
 from .ops.lora import lora_linear, lora_merge
 from .ops.pointwise import add, bias_act, sum  # noqa: A004
 from .ops.softmax import softmax
+from .tuning import tune
 
 __version__ = "0.1.0"
 __all__ = [
     "linear", "matmul", "lora_linear", "lora_merge", "softmax", "layer_norm", "bias_act", "sum", "add",
-    "FusedLinear", "FusedLoRALinear", "BuildError", "build",
+    "FusedLinear", "FusedLoRALinear", "BuildError", "build", "tune",
 ]
 
 

@@ -460,18 +460,26 @@ def load() -> ModuleType:
                 arch_of_capability(*capability)  # raises for GPUs without kernels
             shipped = aot_library()
             if shipped is not None and shipped[1].get("torch") == torch.__version__:
-                _module = import_library(shipped[0])
+                _module = _attach(import_library(shipped[0]))
                 return _module
             config = BuildConfig.from_environment(capability)
             build_dir = config.build_dir()
             library = build_dir / LIBRARY_FILE
             if not library.is_file():
                 library = run_build(config, build_dir)
-            _module = import_library(library)
+            _module = _attach(import_library(library))
             return _module
         except BuildError as exc:
             _unavailable = exc
             raise
+
+
+def _attach(module: ModuleType) -> ModuleType:
+    """Hands the freshly loaded module its run-time settings (the GEMM tuning table)."""
+    from . import tuning
+
+    tuning.attach(module)
+    return module
 
 
 def status() -> str:

@@ -28,6 +28,9 @@ class GemmConfig:
     scheduler: str  # "PersistentScheduler" | "StreamKScheduler"
     use: str  # which shapes it is for
     tile_k_bytes: int = 128
+    # Transposed configs compute D^T = B^T A^T: the caller's N is tiled by tile_m and its few
+    # rows (M <= a few hundred: decode, small batches) by the narrow tile_n.
+    transposed: bool = False
 
     @property
     def stream_k(self) -> bool:
@@ -56,6 +59,26 @@ SM90_CONFIGS = (
 # TF32 (4-byte operands) keeps the cooperative configs.
 TF32_CONFIGS = SM90_CONFIGS[1:]
 
+# Small M (decode, small batches): the transposed product streams the weight through 64-row
+# ping-pong tiles, with the caller's rows in the narrow N tile. Measured on an H200 (bench/NOTES.md,
+# bench/results/gemm_configs-small-bf16-h200.json): these ran at cuBLAS speed for M <= 128 where
+# the 128-row configs (split-K included) were 1.2-2x slower; 256-byte-deep stages (K = 128 for
+# 16-bit types) did best for the 16- and 32-wide tiles.
+def _transposed(tile_n, k_bytes, use):
+    name = f"t64x{tile_n}" + (f"k{k_bytes // 2}" if k_bytes != 128 else "") + "_pp"
+    return GemmConfig(name, 64, tile_n, 1, 1, "Pingpong", "PersistentScheduler", use=use, tile_k_bytes=k_bytes,
+                      transposed=True)
+
+
+TRANSPOSED_CONFIGS = (
+    _transposed(16, 256, "M <= 32 (transposed product)"),
+    _transposed(32, 256, "M <= 64 (transposed product; also the small-M backward and aux outputs)"),
+    _transposed(64, 128, "M <= 128 (transposed product)"),
+    _transposed(128, 128, "M <= 256 (transposed product; also the small-M backward and aux outputs)"),
+)
+# The subset built for the aux epilogue and the M-major weight (small-M training steps).
+TRANSPOSED_TRAINING_CONFIGS = (TRANSPOSED_CONFIGS[1], TRANSPOSED_CONFIGS[3])
+
 
 @dataclasses.dataclass(frozen=True)
 class SimtConfig:
@@ -66,11 +89,21 @@ class SimtConfig:
     warp: tuple[int, int]
     stages: int
     use: str
+    transposed = False
 
 
 SIMT_CONFIGS = (
     SimtConfig("128x128x8_simt", (128, 128, 8), (32, 64), 3, use="every exact-fp32 GEMM"),
 )
+
+def all_configs() -> tuple:
+    """Every config of the table, in listing order."""
+    return SM90_CONFIGS + TRANSPOSED_CONFIGS + SIMT_CONFIGS
+
+
+def config_names() -> list[str]:
+    return [cfg.name for cfg in all_configs()]
+
 
 # dtype name -> (CUTLASS element, element bytes, DType enumerator, MathMode enumerator)
 DTYPES = {
@@ -113,7 +146,8 @@ class GemmKernel:
             tile_k = cfg.tile_k_bytes // size
             bundle = (
                 f"::cutlass_ext::sm90::GemmBundle<{element}, {A_LAYOUT[self.a_major]}, "
-                f"{B_LAYOUT[self.b_major]}, {str(self.aux).lower()}, {str(self.with_c).lower()}, {cfg.tile_m}, {cfg.tile_n}, {tile_k}, "
+                f"{B_LAYOUT[self.b_major]}, {str(self.aux).lower()}, {str(self.with_c).lower()}, "
+                f"{str(cfg.transposed).lower()}, {cfg.tile_m}, {cfg.tile_n}, {tile_k}, "
                 f"{cfg.cluster_m}, {cfg.cluster_n}, ::cutlass_ext::sm90::{cfg.schedule}, "
                 f"::cutlass_ext::sm90::{cfg.scheduler}>"
             )
@@ -140,12 +174,13 @@ class GemmKernel:
         cfg = self.config
         tile_m, tile_n = (cfg.tile_m, cfg.tile_n) if self.family == "sm90" else cfg.tile[:2]
         stream_k = self.family == "sm90" and cfg.stream_k
+        transposed = self.family == "sm90" and cfg.transposed
         a = "kK" if self.a_major == "k" else "kMN"
         b = "kK" if self.b_major == "k" else "kMN"
         return (
             f'    {{"{self.name}", DType::{dtype_enum}, MathMode::{math_enum}, Major::{a}, Major::{b}, '
             f'{str(self.aux).lower()}, {str(self.with_c).lower()}, "{cfg.name}", {tile_m}, {tile_n}, {str(stream_k).lower()}, '
-            f"&generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
+            f"{str(transposed).lower()}, &generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
         )
 
 
@@ -166,6 +201,11 @@ def all_kernels() -> list[GemmKernel]:
                     continue
                 for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
+                # Transposed kernels serve small-M products: the forward (its A' is the K-major
+                # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.
+                if dtype != "tf32" and b == "k" and (a == "k" or not aux):
+                    for cfg in TRANSPOSED_CONFIGS if (a, aux) == ("k", False) else TRANSPOSED_TRAINING_CONFIGS:
+                        kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
             # Accumulating into C serves LoRA (the low-rank term, then the main GEMM on top of
             # it) and in-place weight merges; their A operands are fresh K-major tensors. The
             # data-parallel preferred config and the stream-K config cover large and small M.
@@ -205,7 +245,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
         + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, nullptr, 0, 0, false, "
-        "nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
+        "false, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"
         + "}  // namespace cutlass_ext\n"

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from . import __version__, _build, _kernel_table
+from . import __version__, _build, _kernel_table, tuning
 
 
 def _try(fn):
@@ -61,8 +61,12 @@ def report(build: bool = False, list_kernels: bool = False) -> str:
                                              else "the PyTorch reference (see the lines above)"))
     ops = sorted(name for name in torch._C._dispatch_get_all_op_names() if name.startswith("cutlass_ext::"))
     lines.append("ops: " + ", ".join(ops))
+    tuned = tuning.tuning_file()
+    count = len({line.split("\t")[0] for line in tuned.read_text().splitlines() if "\t" in line}) if tuned.is_file() else 0
+    lines.append(f"GEMM tuning table: {tuned} ({count} buckets); autotune (CUTLASS_EXT_AUTOTUNE): "
+                 f"{'on' if os.environ.get('CUTLASS_EXT_AUTOTUNE') == '1' else 'off'}")
     lines.append("GEMM configs:")
-    for cfg in _kernel_table.SM90_CONFIGS + _kernel_table.SIMT_CONFIGS:
+    for cfg in _kernel_table.all_configs():
         lines.append(f"  {cfg.name:24s} {cfg.use}")
     if list_kernels:
         lines.append("GEMM kernels in this build:")

@@ -12,6 +12,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 
 #include "bindings/common.h"
 #include "bindings/gemm_op.h"
+#include "bindings/gemm_tuning.h"
 #include "common/activation.h"
 #include "elementwise/activation_kernels.h"
 #include "gemm/gemm_params.h"
@@ -79,23 +81,29 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 // Kernel selection
 
 // Kernels built for this dtype, math mode, layout and epilogue (empty when the combination has
-// no instantiation, or a selective build left it out).
+// no instantiation, or a selective build left it out). Majors are those of the kernel's own
+// operands: for transposed kernels A' = B^T and B' = A^T.
 std::vector<const GemmKernelEntry*> kernels_for(DType dtype, MathMode math, Major a, Major b, bool aux,
-                                                bool with_c) {
+                                                bool with_c, bool transposed) {
   std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
     if (e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b && e.aux == aux &&
-        e.source == with_c) {
+        e.source == with_c && e.transposed == transposed) {
       out.push_back(&e);
     }
   }
   return out;
 }
 
+// Output tiles of a kernel on the caller's M x N product (a transposed kernel tiles N by tile_m).
 int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t L) {
+  if (kernel.transposed) std::swap(M, N);
   return (M + kernel.tile_m - 1) / kernel.tile_m * ((N + kernel.tile_n - 1) / kernel.tile_n) * L;
 }
+
+// Rows up to which the transposed product is preferred (when such kernels are built).
+constexpr int64_t kTransposedMaxM = 256;
 
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
                                      int64_t L, int sms, const std::string& config) {
@@ -105,23 +113,35 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       if (config == e->config) return e;
       names += std::string(" ") + e->config;
     }
-    CE_CHECK(false, "config '", config, "' is not built for this dtype and layout; built:", names);
+    CE_CHECK(false, "config '", config, "' is not built for this dtype, layout and epilogue; built:", names);
   }
-  // Heuristic: the first data-parallel config (the kernel table lists them in order of
-  // preference) when its tiles fill the machine at least once; otherwise the stream-K config,
-  // which splits the K loop to occupy every SM.
+  // Few rows: the transposed kernel with the narrowest tile that takes them in at most two
+  // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
+  // the SMs (a narrow N with a long K, like a weight gradient, goes to split-K instead).
+  if (M <= kTransposedMaxM) {
+    const GemmKernelEntry* best = nullptr;
+    for (const GemmKernelEntry* e : candidates) {
+      if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
+    }
+    if (best != nullptr && output_tiles(*best, M, N, L) * 4 >= sms) return best;
+  }
+  // Otherwise the first data-parallel config (the kernel table lists them in order of
+  // preference) when its tiles fill the machine at least once, else the stream-K config, which
+  // splits the K loop to occupy every SM.
   const GemmKernelEntry* best_dp = nullptr;
   const GemmKernelEntry* best_sk = nullptr;
   for (const GemmKernelEntry* e : candidates) {
+    if (e->transposed) continue;
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
   }
   if (best_dp != nullptr && (output_tiles(*best_dp, M, N, L) >= sms || best_sk == nullptr)) return best_dp;
-  return best_sk;
+  if (best_sk != nullptr) return best_sk;
+  return candidates.front();  // only transposed kernels were built (a selective build)
 }
 
-// Split-K factor for a stream-K kernel on a problem with few output tiles: enough splits to give
-// every SM work, at most 16 and at least 4 K-tiles (128-byte deep stages) per split. Left to
+// Split-K factor for a stream-K kernel on a problem with few output tiles: as many splits as fit
+// in one wave, at most 16 and at least 4 K-tiles (128-byte deep stages) per split. Left to
 // CUTLASS's stream-K decomposition, a handful of output tiles with a very long K (the weight
 // gradient of a narrow layer over 65536 rows) was cut into ~132 pieces whose deterministic
 // reduction then ran as one 132-step serial chain.
@@ -130,8 +150,34 @@ int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t 
   const int64_t tiles = output_tiles(kernel, M, N, L);
   if (tiles >= sms) return 1;
   const int64_t k_tiles = (K + 128 / element_size - 1) / (128 / element_size);
-  const int64_t splits = std::min<int64_t>({(sms + tiles - 1) / tiles, 16, k_tiles / 4});
+  const int64_t splits = std::min<int64_t>({sms / tiles, 16, k_tiles / 4});
   return int(std::max<int64_t>(splits, 1));
+}
+
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
+}
+
+// Median time of `reps` runs of `fn` on `stream` (after one warm-up run), in milliseconds.
+// Synchronizes: only the opt-in autotuner calls it.
+template <class Fn>
+float time_median_ms(cudaStream_t stream, int reps, Fn&& fn) {
+  fn();
+  std::vector<cudaEvent_t> events(2 * reps);
+  for (cudaEvent_t& e : events) CE_CHECK(cudaEventCreate(&e) == cudaSuccess, "autotune: cudaEventCreate failed");
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(events[2 * i], stream);
+    fn();
+    cudaEventRecord(events[2 * i + 1], stream);
+  }
+  const cudaError_t err = cudaEventSynchronize(events.back());
+  std::vector<float> ms(reps, std::numeric_limits<float>::infinity());
+  for (int i = 0; i < reps && err == cudaSuccess; ++i) cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]);
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  CE_CHECK(err == cudaSuccess, "autotune: ", cudaGetErrorString(err));
+  std::sort(ms.begin(), ms.end());
+  return ms[reps / 2];
 }
 
 void run_activation(const at::Tensor& input, const at::Tensor& output, int64_t activation, cudaStream_t stream) {
@@ -265,13 +311,13 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   auto major_a = [&] { return va.y_contiguous ? Major::kK : Major::kMN; };
   auto major_b = [&] { return vb.y_contiguous ? Major::kMN : Major::kK; };
   std::vector<const GemmKernelEntry*> candidates =
-      kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c);
+      kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c, false);
   if (candidates.empty()) {
     // No kernel reads this layout (TF32 with an N-major B, or a selective build): copy the
     // MN-major operands to K-major, which every build has.
     if (major_a() != Major::kK) copy_a_k_major();
     if (major_b() != Major::kK) copy_b_k_major();
-    candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c);
+    candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c, false);
   }
   if (candidates.empty() && with_c) {
     // No C-source kernel for this math mode (exact fp32) or build: the product, then the sum.
@@ -282,6 +328,12 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     at::Tensor d = (out3.defined() && out3.is_contiguous()) ? out3 : new_output({L, M, N}, options);
     run_activation(z, d, activation, current_stream(a.device()));
     return deliver(d, z);
+  }
+  if (!with_c) {
+    // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
+    for (const GemmKernelEntry* e : kernels_for(dt, math, major_b(), major_a(), kernel_aux, false, true)) {
+      candidates.push_back(e);
+    }
   }
   CE_CHECK(!candidates.empty(), op, ": no GEMM kernel was built for ", dtype_name(dt),
            math == MathMode::kExactF32 ? " (exact fp32)" : "", kernel_aux ? " with an aux output" : "",
@@ -300,18 +352,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
 
   const int device = a.device().index();
   GemmParams p;
-  p.M = int(M);
-  p.N = int(Np);
   p.K = int(Kp);
   p.L = int(L);
-  p.A = a3.data_ptr();
-  p.a_stride_m = va.stride_x;
-  p.a_stride_k = va.stride_y;
-  p.a_stride_l = va.stride_l;
-  p.B = b3.data_ptr();
-  p.b_stride_k = vb.stride_x;
-  p.b_stride_n = vb.stride_y;
-  p.b_stride_l = vb.stride_l;
   // Kernels without an aux epilogue write Z, and the activation runs afterwards.
   at::Tensor target = split_activation ? z : d;
   p.D = target.data_ptr();
@@ -332,14 +374,75 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   p.device = device;
   p.sm_count = sm_count(device);
   p.swizzle = opts.swizzle > 0 ? opts.swizzle : 1;
-  const GemmKernelEntry* kernel = select_kernel(candidates, M, Np, L, p.sm_count, opts.config);
-  if (kernel->stream_k) p.splits = split_k_factor(*kernel, M, Np, Kp, L, p.sm_count, a.element_size());
-
-  const size_t workspace_bytes = kernel->workspace_size(p);
-  at::Tensor workspace;
-  if (workspace_bytes > 0) workspace = at::empty({int64_t(workspace_bytes)}, options.dtype(at::kByte));
   const cudaStream_t stream = current_stream(a.device());
-  check_launch(kernel->run(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream), op, kernel->name);
+  // The operands and split count for one kernel (a transposed kernel computes D^T = B^T A^T:
+  // D, C and Aux keep their row-major storage and are read column-major).
+  auto configure = [&](const GemmKernelEntry& e) {
+    GemmParams q = p;
+    if (!e.transposed) {
+      q.M = int(M);
+      q.N = int(Np);
+      q.A = a3.data_ptr();
+      q.a_stride_m = va.stride_x;
+      q.a_stride_k = va.stride_y;
+      q.a_stride_l = va.stride_l;
+      q.B = b3.data_ptr();
+      q.b_stride_k = vb.stride_x;
+      q.b_stride_n = vb.stride_y;
+      q.b_stride_l = vb.stride_l;
+    } else {
+      q.M = int(Np);
+      q.N = int(M);
+      q.A = b3.data_ptr();
+      q.a_stride_m = vb.stride_y;
+      q.a_stride_k = vb.stride_x;
+      q.a_stride_l = vb.stride_l;
+      q.B = a3.data_ptr();
+      q.b_stride_n = va.stride_x;
+      q.b_stride_k = va.stride_y;
+      q.b_stride_l = va.stride_l;
+    }
+    if (e.stream_k) q.splits = split_k_factor(e, M, Np, Kp, L, q.sm_count, a.element_size());
+    return q;
+  };
+  auto launch = [&](const GemmKernelEntry& e, const GemmParams& q) {
+    const size_t workspace_bytes = e.workspace_size(q);
+    at::Tensor workspace;
+    if (workspace_bytes > 0) workspace = at::empty({int64_t(workspace_bytes)}, options.dtype(at::kByte));
+    check_launch(e.run(q, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream), op, e.name);
+  };
+
+  const GemmKernelEntry* kernel = nullptr;
+  if (opts.config.empty() && candidates.size() > 1 && tuning::active()) {
+    // A tuned choice for this bucket, or (tuning on, not capturing a graph) a measurement now.
+    const std::string layouts = std::string(major_a() == Major::kK ? "k" : "m") + (major_b() == Major::kK ? "k" : "n");
+    const std::string key = tuning::make_key(device, dtype_name(dt), math == MathMode::kExactF32 ? "exact" : "tensorop",
+                                             layouts.c_str(), with_c ? "source" : kernel_aux ? "aux" : "plain", M, Np,
+                                             Kp, L > 1);
+    const std::string tuned = tuning::lookup(key);
+    for (const GemmKernelEntry* e : candidates) {
+      if (tuned == e->config) kernel = e;
+    }
+    if (kernel == nullptr && tuning::enabled() && !stream_is_capturing(stream)) {
+      // Each candidate runs into scratch outputs (D may be C itself), best median of 5 runs.
+      at::Tensor scratch_d = at::empty_like(target);
+      at::Tensor scratch_aux = kernel_aux ? at::empty_like(z) : at::Tensor();
+      float best_ms = std::numeric_limits<float>::infinity();
+      for (const GemmKernelEntry* e : candidates) {
+        GemmParams q = configure(*e);
+        q.D = scratch_d.data_ptr();
+        if (kernel_aux) q.aux = scratch_aux.data_ptr();
+        const float ms = time_median_ms(stream, 5, [&] { launch(*e, q); });
+        if (ms < best_ms) {
+          best_ms = ms;
+          kernel = e;
+        }
+      }
+      tuning::record(key, kernel->config);
+    }
+  }
+  if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, L, p.sm_count, opts.config);
+  launch(*kernel, configure(*kernel));
   if (split_activation) run_activation(z, d, activation, stream);
 
   if (Np != N) {
@@ -422,14 +525,23 @@ int64_t prod(at::IntArrayRef sizes) {
   return n;
 }
 
+// The options of one forward call: torch's precision flag, then the op's config argument (which
+// takes precedence over CUTLASS_EXT_GEMM_CONFIG).
+GemmOptions call_options(const c10::optional<c10::string_view>& config) {
+  GemmOptions opts = gemm_options();
+  if (config.has_value()) opts.config = std::string(*config);
+  return opts;
+}
+
 std::tuple<at::Tensor, at::Tensor> linear_cuda(const at::Tensor& a, const at::Tensor& b,
                                                const c10::optional<at::Tensor>& bias,
-                                               c10::string_view activation_name, bool save_preact) {
+                                               c10::string_view activation_name, bool save_preact,
+                                               c10::optional<c10::string_view> config) {
   const int64_t activation = activation_code(activation_name, "linear");
   CE_CHECK(a.dim() >= 1 && b.dim() == 2, "linear: A must be [..., K] and B [K, N]");
   const at::IntArrayRef lead = a.sizes().slice(0, a.dim() - 1);
   const int64_t K = b.size(0), N = b.size(1);
-  auto [y, z] = gemm_op(a.reshape({prod(lead), K}), b, bias, activation, save_preact, gemm_options());
+  auto [y, z] = gemm_op(a.reshape({prod(lead), K}), b, bias, activation, save_preact, call_options(config));
   y = y.view(with_last(lead, {N}));
   if (z.dim() == 2) z = z.view(with_last(lead, {N}));
   return {y, z};
@@ -466,12 +578,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(
   return {grad_a, grad_b, grad_bias};
 }
 
-at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
+at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::optional<c10::string_view> config) {
+  const GemmOptions opts = call_options(config);
   CE_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: A and B must have at least 2 dimensions");
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
   if (b.dim() == 2) {  // [..., M, K] @ [K, N]: fold the batch into M
     const at::IntArrayRef lead = a.sizes().slice(0, a.dim() - 1);
-    auto result = gemm_op(a.reshape({prod(lead), K}), b, c10::nullopt, 0, false, gemm_options());
+    auto result = gemm_op(a.reshape({prod(lead), K}), b, c10::nullopt, 0, false, opts);
     return std::get<0>(result).view(with_last(lead, {N}));
   }
   const std::vector<int64_t> batch =
@@ -479,7 +592,7 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
   const int64_t count = prod(batch);
   at::Tensor a3 = a.expand(with_last(batch, {M, K})).reshape({count, M, K});
   at::Tensor b3 = b.expand(with_last(batch, {K, N})).reshape({count, K, N});
-  auto result = gemm_op(a3, b3, c10::nullopt, 0, false, gemm_options());
+  auto result = gemm_op(a3, b3, c10::nullopt, 0, false, opts);
   return std::get<0>(result).view(with_last(batch, {M, N}));
 }
 
@@ -494,16 +607,20 @@ class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
                                                 const at::Tensor& b, const c10::optional<at::Tensor>& bias,
-                                                const std::string& activation, bool save_preact) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("cutlass_ext::linear", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                         const c10::optional<at::Tensor>&,
-                                                                         c10::string_view, bool)>();
+                                                const std::string& activation, bool save_preact,
+                                                const c10::optional<std::string>& config) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("cutlass_ext::linear", "")
+            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                      const c10::optional<at::Tensor>&, c10::string_view, bool,
+                                                      c10::optional<c10::string_view>)>();
     at::Tensor y, z;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      std::tie(y, z) = op.call(a, b, bias, activation, save_preact);
+      c10::optional<c10::string_view> config_view;
+      if (config.has_value()) config_view = c10::string_view(*config);
+      std::tie(y, z) = op.call(a, b, bias, activation, save_preact, config_view);
     }
     ctx->mark_non_differentiable({z});
     ctx->set_materialize_grads(false);
@@ -531,7 +648,7 @@ class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                 c10::string_view, bool, bool, bool, bool)>();
     const at::Tensor& grad_y = grads[0];
-    if (!grad_y.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grad_y.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
     const std::string activation = ctx->saved_data["activation"].toStringRef();
     const int code = int(activation_code(activation, "linear"));
@@ -546,14 +663,17 @@ class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
     auto [grad_a, grad_b, grad_bias] = op.call(grad_y, saved[0], saved[1], preact, activation, need_a, need_b,
                                                need_bias, ctx->saved_data["b_is_weight_t"].toBool());
     return {need_a ? grad_a : at::Tensor(), need_b ? grad_b : at::Tensor(), need_bias ? grad_bias : at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> linear_autograd(const at::Tensor& a, const at::Tensor& b,
                                                    const c10::optional<at::Tensor>& bias,
-                                                   c10::string_view activation, bool save_preact) {
-  auto out = LinearAutograd::apply(a, b, bias, std::string(activation), save_preact);
+                                                   c10::string_view activation, bool save_preact,
+                                                   c10::optional<c10::string_view> config) {
+  c10::optional<std::string> config_str;
+  if (config.has_value()) config_str = std::string(*config);
+  auto out = LinearAutograd::apply(a, b, bias, std::string(activation), save_preact, config_str);
   return {out[0], out[1]};
 }
 

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bindings/gemm_tuning.h"
 #include "common/activation.h"
 #include "gemm/gemm_params.h"
 
@@ -31,4 +32,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "cutlass_ext CUDA kernels (loaded by cutlass_ext on first CUDA use)";
   m.def("activation_names", &cutlass_ext::activation_names);
   m.def("kernels", &cutlass_ext::kernels);
+  m.def("_configure_tuning", &cutlass_ext::tuning::configure);
+  m.def("_set_tuning_enabled", &cutlass_ext::tuning::set_enabled);
+  m.def("_tuning_enabled", &cutlass_ext::tuning::enabled);
+  m.def("_tuning_entries", &cutlass_ext::tuning::entries);
+  m.def("_clear_tuning", &cutlass_ext::tuning::clear);
 }

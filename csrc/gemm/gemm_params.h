@@ -25,6 +25,7 @@ struct GemmParams {
   const void* B = nullptr;
   int64_t b_stride_k = 0, b_stride_n = 0, b_stride_l = 0;
   void* D = nullptr;
+  // Stride between D's lines (rows; columns for kernels that compute the transposed product).
   int64_t d_stride_m = 0, d_stride_l = 0;
   const void* C = nullptr;  // read only by kernels with a source epilogue
   int64_t c_stride_m = 0, c_stride_l = 0;
@@ -61,6 +62,7 @@ struct GemmKernelEntry {
   const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
   int tile_m, tile_n;
   bool stream_k;
+  bool transposed;  // computes D^T = B^T A^T: kernel M/N are the caller's N/M, D column-major
   GemmWorkspaceFn workspace_size;
   GemmRunFn run;
 };

@@ -4,6 +4,8 @@
 //   D = act(alpha * A B + beta * C + bias)       (source epilogue: accumulate into C, e.g. a LoRA
 //                                                 term or an in-place weight update, C may be D)
 // The activation is a run-time parameter (RuntimeActivation); bias may be null.
+// A transposed bundle computes the product with A and B exchanged (D^T = B^T A^T) for problems
+// with few rows: D is column-major and the bias runs along the kernel's M (the caller's N).
 //
 // One "bundle" type per instantiation: element type, operand layouts, epilogue kind, tile,
 // cluster, schedule and tile scheduler. Generated translation units instantiate exactly one bundle each.
@@ -48,26 +50,36 @@ Stride make_stride3(int64_t s0, int64_t s1, int64_t s2) {
   return s;
 }
 
-template <class Element_, class LayoutA, class LayoutB, bool kAux, bool kSource, int TileM, int TileN, int TileK,
-          int ClusterM, int ClusterN, class Schedule, class Scheduler>
+template <class Element_, class LayoutA, class LayoutB, bool kAux, bool kSource, bool kTransposed, int TileM, int TileN,
+          int TileK, int ClusterM, int ClusterN, class Schedule, class Scheduler>
 struct GemmBundle {
   using Element = Element_;  // A, B, C, D, bias and aux share one element type
   using ElementC = cute::conditional_t<kSource, Element, void>;  // void: no C load at all
   static_assert(!(kAux && kSource), "no instantiation needs both an aux output and a source");
+  static_assert(!(kTransposed && kSource), "transposed kernels serve plain products only");
   using Accumulator = float;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
   static constexpr bool kStreamK = cute::is_same_v<Scheduler, StreamKScheduler>;
 
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
-  using LayoutD = cutlass::layout::RowMajor;
+  using LayoutD = cute::conditional_t<kTransposed, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
+  // The bias follows the caller's N: the kernel's columns, or its rows when transposed.
   using FusionOp = cute::conditional_t<
-      kAux,
-      cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
-                                                             Element, Element, Element>,
-      cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, Element, float, Element,
-                                                          Element>>;
+      kTransposed,
+      cute::conditional_t<
+          kAux,
+          cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
+                                                                 Element, Element, Element>,
+          cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<RuntimeActivation, Element, float, Element,
+                                                              Element>>,
+      cute::conditional_t<
+          kAux,
+          cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
+                                                                 Element, Element, Element>,
+          cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, Element, float, Element,
+                                                              Element>>>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -90,6 +102,11 @@ struct GemmBundle {
     using StrideA = typename Kernel::StrideA;  // modes (M, K, L)
     using StrideB = typename Kernel::StrideB;  // modes (N, K, L)
     using StrideD = typename Kernel::StrideD;  // modes (M, N, L)
+    // p.d_stride_m (c_, aux_) is the stride between D's lines: rows, or columns when transposed.
+    auto epilogue_stride = [](auto tag, int64_t ld, int64_t l) {
+      using Stride = decltype(tag);
+      return kTransposed ? make_stride3<Stride>(1, ld, l) : make_stride3<Stride>(ld, 1, l);
+    };
     typename Gemm::Arguments args{};
     args.mode = p.L > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm;
     args.problem_shape = {p.M, p.N, p.K, p.L};
@@ -99,13 +116,13 @@ struct GemmBundle {
     args.mainloop.dB = make_stride3<StrideB>(p.b_stride_n, p.b_stride_k, p.b_stride_l);
     if constexpr (kSource) {
       args.epilogue.ptr_C = static_cast<Element const*>(p.C);
-      args.epilogue.dC = make_stride3<typename Kernel::StrideC>(p.c_stride_m, 1, p.c_stride_l);
+      args.epilogue.dC = epilogue_stride(typename Kernel::StrideC{}, p.c_stride_m, p.c_stride_l);
     } else {
       args.epilogue.ptr_C = nullptr;
-      args.epilogue.dC = make_stride3<typename Kernel::StrideC>(p.d_stride_m, 1, p.d_stride_l);
+      args.epilogue.dC = epilogue_stride(typename Kernel::StrideC{}, p.d_stride_m, p.d_stride_l);
     }
     args.epilogue.ptr_D = static_cast<Element*>(p.D);
-    args.epilogue.dD = make_stride3<StrideD>(p.d_stride_m, 1, p.d_stride_l);
+    args.epilogue.dD = epilogue_stride(StrideD{}, p.d_stride_m, p.d_stride_l);
     auto& fusion = args.epilogue.thread;
     fusion.alpha = p.alpha;
     fusion.beta = kSource ? p.beta : 0.f;
@@ -113,7 +130,7 @@ struct GemmBundle {
     fusion.activation.kind = p.activation;
     if constexpr (kAux) {
       fusion.aux_ptr = static_cast<Element*>(p.aux);
-      fusion.dAux = make_stride3<decltype(fusion.dAux)>(p.aux_stride_m, 1, p.aux_stride_l);
+      fusion.dAux = epilogue_stride(decltype(fusion.dAux){}, p.aux_stride_m, p.aux_stride_l);
     }
     args.hw_info.device_id = p.device;
     args.hw_info.sm_count = p.sm_count;

@@ -40,3 +40,17 @@ def check_vector(ref: torch.Tensor, ref_name: str, t, name: str, length: int, sh
     check_pair(ref, ref_name, t, name, op)
     if t.dim() != 1 or t.shape[0] != length:
         raise ValueError(f"cutlass_ext.{op}: {name} must have shape {shape}, got {tuple(t.shape)}")
+
+
+def check_config(config, op: str) -> None:
+    """``config`` is None or the name of a GEMM config of the kernel table."""
+    if config is None:
+        return
+    from .._kernel_table import config_names
+
+    names = config_names()
+    if not isinstance(config, str) or config not in names:
+        raise ValueError(
+            f"cutlass_ext.{op}: config must be None or one of {', '.join(names)}; got {config!r} "
+            "(python -m cutlass_ext.info lists them with what each is for)"
+        )

@@ -10,19 +10,19 @@ from __future__ import annotations
 import torch
 
 from . import _activation
-from ._checks import check_dtype, check_pair, check_tensor, check_vector
+from ._checks import check_config, check_dtype, check_pair, check_tensor, check_vector
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
     "cutlass_ext::linear",
-    "(Tensor a, Tensor b, Tensor? bias, str activation, bool save_preact) -> (Tensor, Tensor)",
+    "(Tensor a, Tensor b, Tensor? bias, str activation, bool save_preact, str? config=None) -> (Tensor, Tensor)",
 )
 torch.library.define(
     "cutlass_ext::_linear_backward",
     "(Tensor grad, Tensor a, Tensor b, Tensor? saved, str activation, bool need_grad_a, bool need_grad_b, "
     "bool need_grad_bias, bool grad_b_transposed) -> (Tensor, Tensor, Tensor)",
 )
-torch.library.define("cutlass_ext::matmul", "(Tensor a, Tensor b) -> Tensor")
+torch.library.define("cutlass_ext::matmul", "(Tensor a, Tensor b, str? config=None) -> Tensor")
 torch.library.define(
     "cutlass_ext::_act_grad",
     "(Tensor grad, Tensor? saved, str activation, bool need_grad_input, bool need_grad_bias) -> (Tensor, Tensor)",
@@ -87,7 +87,7 @@ def _stores_preact(activation: str, save_preact: bool) -> bool:
     return save_preact and activation in _activation.NEEDS_PREACTIVATION
 
 
-def _linear_reference(a, b, bias, activation, save_preact):
+def _linear_reference(a, b, bias, activation, save_preact, config=None):
     ct = compute_dtype(a.dtype)
     z = torch.matmul(a.to(ct), b.to(ct))
     if bias is not None:
@@ -98,14 +98,14 @@ def _linear_reference(a, b, bias, activation, save_preact):
 
 
 @torch.library.register_fake("cutlass_ext::linear")
-def _linear_fake(a, b, bias, activation, save_preact):
+def _linear_fake(a, b, bias, activation, save_preact, config=None):
     shape = (*a.shape[:-1], b.shape[1])
     aux = a.new_empty(shape) if _stores_preact(activation, save_preact) else a.new_empty(0)
     return a.new_empty(shape), aux
 
 
 @torch.library.impl("cutlass_ext::linear", "cpu")
-def _linear_cpu(a, b, bias, activation, save_preact):
+def _linear_cpu(a, b, bias, activation, save_preact, config=None):
     return _linear_reference(a, b, bias, activation, save_preact)
 
 
@@ -115,7 +115,7 @@ register_cuda_loader("linear", _linear_reference)
 # Autograd of linear for CPU tensors and for CUDA calls made before the extension is loaded; once it
 # is, CUDA tensors use LinearAutograd in csrc/bindings/gemm.cpp, which mirrors these two functions in C++.
 def _linear_setup_context(ctx, inputs, output):
-    a, b, bias, activation, save_preact = inputs
+    a, b, bias, activation, save_preact, *_ = inputs
     y, aux = output
     ctx.mark_non_differentiable(aux)
     ctx.set_materialize_grads(False)  # aux never has a gradient: don't build zeros for it
@@ -131,7 +131,7 @@ def _linear_setup_context(ctx, inputs, output):
 
 def _linear_backward(ctx, grad_y, grad_aux):
     if grad_y is None:
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     a, b, saved = ctx.saved_tensors
     activation = ctx.activation
     if activation in _activation.NEEDS_PREACTIVATION and saved is None:
@@ -145,7 +145,7 @@ def _linear_backward(ctx, grad_y, grad_aux):
     grad_a, grad_b, grad_bias = torch.ops.cutlass_ext._linear_backward(
         grad_y, a, b, saved, activation, need_a, need_b, need_bias, b_is_weight_t
     )
-    return grad_a if need_a else None, grad_b if need_b else None, grad_bias if need_bias else None, None, None
+    return grad_a if need_a else None, grad_b if need_b else None, grad_bias if need_bias else None, None, None, None
 
 
 torch.library.register_autograd("cutlass_ext::linear", _linear_backward, setup_context=_linear_setup_context)
@@ -194,7 +194,7 @@ def _linear_backward_cpu(*args):
 register_cuda_loader("_linear_backward", _linear_backward_reference)
 
 
-def linear(A, B, bias=None, relu=False, *, activation=None):
+def linear(A, B, bias=None, relu=False, *, activation=None, config=None):
     """``act(A @ B + bias)`` in one GEMM with a fused epilogue.
 
     A: ``[..., K]``; B: ``[K, N]`` with any strides (a row-major ``[K, N]`` tensor or ``w.t()`` of an
@@ -202,15 +202,21 @@ def linear(A, B, bias=None, relu=False, *, activation=None):
     fp32 accumulation) or float32 (TF32 unless ``torch.get_float32_matmul_precision() ==
     "highest"``). ``activation`` is None, "relu", "gelu", "gelu_tanh", "silu" or "sigmoid"; ``relu=True`` is
     shorthand for "relu". Returns ``[..., N]`` in A's dtype. Differentiable in A, B and bias.
+
+    ``config`` forces one GEMM config of the forward product by name (see
+    ``python -m cutlass_ext.info``); None picks by the shape heuristic or the autotuned table
+    (:func:`cutlass_ext.tune`). A config that is not built for the call's dtype and layouts raises.
+    CPU tensors ignore it.
     """
     act = _activation.resolve(relu, activation, "linear")
     check_linear_args(A, B, bias)
+    check_config(config, "linear")
     save_preact = (
         act in _activation.NEEDS_PREACTIVATION
         and torch.is_grad_enabled()
         and (A.requires_grad or B.requires_grad or (bias is not None and bias.requires_grad))
     )
-    y, _ = torch.ops.cutlass_ext.linear(A, B, bias, act, save_preact)
+    y, _ = torch.ops.cutlass_ext.linear(A, B, bias, act, save_preact, config)
     return y
 
 
@@ -218,19 +224,19 @@ def linear(A, B, bias=None, relu=False, *, activation=None):
 # matmul
 
 
-def _matmul_reference(a, b):
+def _matmul_reference(a, b, config=None):
     ct = compute_dtype(a.dtype)
     return torch.matmul(a.to(ct), b.to(ct)).to(a.dtype).contiguous()
 
 
 @torch.library.register_fake("cutlass_ext::matmul")
-def _matmul_fake(a, b):
+def _matmul_fake(a, b, config=None):
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
 
 
 @torch.library.impl("cutlass_ext::matmul", "cpu")
-def _matmul_cpu(a, b):
+def _matmul_cpu(a, b, config=None):
     return _matmul_reference(a, b)
 
 
@@ -238,7 +244,7 @@ register_cuda_loader("matmul", _matmul_reference)
 
 
 def _matmul_setup_context(ctx, inputs, output):
-    a, b = inputs
+    a, b = inputs[:2]
     ctx.save_for_backward(a, b)
 
 
@@ -255,20 +261,22 @@ def _matmul_backward(ctx, grad):
             grad_b = mm(a.reshape(-1, k).t(), grad.reshape(-1, n))
         else:
             grad_b = mm(a.transpose(-1, -2), grad).sum_to_size(b.shape)
-    return grad_a, grad_b
+    return grad_a, grad_b, None
 
 
 torch.library.register_autograd("cutlass_ext::matmul", _matmul_backward, setup_context=_matmul_setup_context)
 
 
-def matmul(A, B):
+def matmul(A, B, *, config=None):
     """``A @ B`` on tensor cores with the same dtype policy as :func:`linear`.
 
     A: ``[..., M, K]``; B: ``[K, N]`` or ``[..., K, N]`` with batch dimensions that broadcast.
     Any strides. Returns ``[..., M, N]`` in A's dtype. Differentiable in A and B.
+    ``config`` forces a GEMM config of the forward product by name, as in :func:`linear`.
     """
     check_matmul_args(A, B)
-    return torch.ops.cutlass_ext.matmul(A, B)
+    check_config(config, "matmul")
+    return torch.ops.cutlass_ext.matmul(A, B, config)
 
 
 # ------------------------------------------------------------------------------------------------

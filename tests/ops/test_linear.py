@@ -4,6 +4,7 @@ and CUDA (CUTLASS kernels)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -398,9 +399,13 @@ def test_runs_on_current_stream():
 
 def _kernel_inputs(kernel, device):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "f32": torch.float32}[kernel.dtype]
-    m, k, n = 304, 264, 392  # several tiles in M and N; every extent a multiple of 8 (no copies)
-    A = rand(m, k, device=device, dtype=dtype) if kernel.a_major == "k" else rand(k, m, device=device, dtype=dtype).t()
-    B = make_b(k, n, "kn" if kernel.b_major == "n" else "weight_t", device, dtype)
+    # Several tiles in M and N; K and N multiples of 8 (no copies). A transposed kernel computes
+    # B^T A^T: its first operand is the caller's B, its second the caller's A, and M is its
+    # narrow (and here partial) tile.
+    m, k, n = (37, 264, 392) if kernel.config.transposed else (304, 264, 392)
+    a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
+    A = rand(m, k, device=device, dtype=dtype) if a_major == "k" else rand(k, m, device=device, dtype=dtype).t()
+    B = make_b(k, n, "weight_t" if b_major == "k" else "kn", device, dtype)
     return A, B, rand(n, device=device, dtype=dtype)
 
 
@@ -505,3 +510,161 @@ def test_cpu_runs_without_extension():
     cutlass_ext.linear(A, B, relu=True)
     if not HAS_CUDA:
         assert _build._module is None
+
+
+# ------------------------------------------------------------------------------------------------
+# Small M (decode shapes): the heuristic takes the transposed kernels, each tile width, forward
+# with and without an aux output, and the backward (dA = dZ W through the M-major weight).
+
+
+@requires_cuda
+@pytest.mark.parametrize("m", [1, 5, 16, 31, 33, 64, 100, 200, 256, 257])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_small_m_forward_backward(dtype_name, m):
+    dtype = DTYPES[dtype_name]
+    k, n = 520, 2120  # N: 33 full 64-row tiles and a partial one
+    A = rand(m, k, device="cuda", dtype=dtype)
+    W = rand(n, k, device="cuda", dtype=dtype, scale=1 / math.sqrt(k))
+    bias = rand(n, device="cuda", dtype=dtype)
+    grad_out = rand(m, n, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        y = cutlass_ext.linear(A, W.t(), bias, activation="relu")
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), dtype_name)
+    fn = lambda a, w, c: cutlass_ext.linear(a, w.t(), c, activation="gelu")  # noqa: E731
+    out, ours = grads_of(fn, [A, W, bias], grad_out)
+    _, peer = grads_of(lambda a, w, c: peer_linear(a, w.t(), c, "gelu"), [A, W, bias], grad_out)
+    ref_out, ref = grads_of(lambda a, w, c: ref_linear(a, w.t(), c, "gelu"), [A.double(), W.double(), bias.double()],
+                            grad_out.double())
+    assert_close_to_reference(out, ref_out, peer_linear(A, W.t(), bias, "gelu"), dtype_name, what="y (aux kernel)")
+    for name, o, p, r in zip(("dA", "dW", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+
+
+# ------------------------------------------------------------------------------------------------
+# config=: a config forced per call (the benchmarks' override)
+
+
+def test_config_argument_is_checked(device):
+    A, B = rand(8, 16, device=device, dtype=torch.bfloat16), make_b(16, 24, "kn", device, torch.bfloat16)
+    for fn in (lambda c: cutlass_ext.linear(A, B, config=c), lambda c: cutlass_ext.matmul(A, B, config=c)):
+        with pytest.raises(ValueError, match="config must be None or one of .*t64x32k128_pp"):
+            fn("no_such_config")
+        with pytest.raises(ValueError, match="config must be None"):
+            fn(3)
+
+
+def test_config_argument_on_cpu_is_ignored():
+    A, B = rand(8, 16, device="cpu", dtype=torch.float32), make_b(16, 24, "kn", "cpu", torch.float32)
+    assert torch.equal(cutlass_ext.linear(A, B, config="t64x16k128_pp"), cutlass_ext.linear(A, B))
+    assert torch.equal(cutlass_ext.matmul(A, B, config="128x128_1x2_pp"), cutlass_ext.matmul(A, B))
+
+
+def test_opcheck_with_config(device):
+    A, B, bias = _opcheck_inputs(device)
+    config = "128x128_1x1_coop_sk"
+    torch.library.opcheck(torch.ops.cutlass_ext.linear.default, (A, B, bias, "gelu", True, config))
+    torch.library.opcheck(torch.ops.cutlass_ext.matmul.default, (A, B, config))
+
+
+@requires_cuda
+@pytest.mark.parametrize("config", ["128x128_1x2_pp", "128x128_1x1_coop_sk", "t64x16k128_pp", "t64x128_pp"])
+def test_config_argument_selects_the_kernel(config):
+    A = rand(48, 256, device="cuda", dtype=torch.bfloat16)
+    W = rand(320, 256, device="cuda", dtype=torch.bfloat16, scale=1 / 16)
+    bias = rand(320, device="cuda", dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        y = cutlass_ext.linear(A, W.t(), bias, relu=True, config=config)
+        torch.cuda.synchronize()
+    names = [e.name.replace(" ", "") for e in prof.events() if "GemmUniversal" in e.name]
+    assert len(names) == 1
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
+    # The kernel's tile shape (M, N, K) appears in its name (mangled or demangled).
+    cfg = {c.name: c for c in _kernel_table.all_configs()}[config]
+    m, n, k = cfg.tile_m, cfg.tile_n, cfg.tile_k_bytes // 2
+    demangled = f"cute::C<{m}>,cute::C<{n}>,cute::C<{k}>"
+    mangled = re.compile(rf"ILi{m}EEEN\w{{1,8}}?ILi{n}EEEN\w{{1,8}}?ILi{k}EEE")
+    assert demangled in names[0] or mangled.search(names[0]), f"expected tile {m}x{n}x{k} in {names[0][:400]}"
+
+
+@requires_cuda
+def test_config_not_built_for_the_layout_is_rejected():
+    A = rand(64, 64, device="cuda", dtype=torch.float32)  # TF32 builds no ping-pong config
+    with pytest.raises(RuntimeError, match="128x128_1x2_pp' is not built"):
+        cutlass_ext.linear(A, A, config="128x128_1x2_pp")
+
+
+@requires_cuda
+def test_compile_with_config():
+    A = rand(16, 256, device="cuda", dtype=torch.bfloat16)
+    W = rand(512, 256, device="cuda", dtype=torch.bfloat16, scale=1 / 16)
+    fn = torch.compile(lambda a, w: cutlass_ext.linear(a, w.t(), activation="silu", config="t64x32k128_pp"),
+                       fullgraph=True)
+    assert_close_to_reference(fn(A, W), ref_linear(A, W.t(), None, "silu"), peer_linear(A, W.t(), None, "silu"),
+                              "bf16")
+
+
+# ------------------------------------------------------------------------------------------------
+# Autotuning: measured once per bucket, persisted, reused; never while capturing a graph
+
+
+@pytest.fixture
+def tuning_table(tmp_path):
+    from cutlass_ext import tuning
+
+    ext = cutlass_ext.build()
+    path = tmp_path / "tuning.tsv"
+    ext._configure_tuning(str(path), False)
+    yield ext, path
+    ext._configure_tuning(str(tuning.tuning_file()), tuning.autotune_from_environment())
+
+
+@requires_cuda
+def test_autotune_records_and_reuses(tuning_table):
+    ext, path = tuning_table
+    A = rand(96, 512, device="cuda", dtype=torch.bfloat16)
+    W = rand(1024, 512, device="cuda", dtype=torch.bfloat16, scale=1 / 16)
+    bias = rand(1024, device="cuda", dtype=torch.bfloat16)
+    with cutlass_ext.tune():
+        y = cutlass_ext.linear(A, W.t(), bias, relu=True)
+    assert not ext._tuning_enabled()
+    entries = cutlass_ext.tuning.entries()
+    assert len(entries) == 1
+    (key, config), = entries.items()
+    assert "|bf16|tensorop|kk|plain|128x1024x512|single" in key and config in _kernel_table.config_names()
+    assert path.read_text() == f"{key}\t{config}\n"
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
+    # Same bucket (M 65..128): reused, nothing new measured; a new process reads the file.
+    with cutlass_ext.tune():
+        cutlass_ext.linear(A[:70], W.t(), bias, relu=True)
+    assert cutlass_ext.tuning.entries() == entries
+    ext._clear_tuning()
+    ext._configure_tuning(str(path), False)
+    assert cutlass_ext.tuning.entries() == entries
+
+
+@requires_cuda
+def test_autotune_in_place_accumulation_is_not_repeated(tuning_table):
+    # Tuning runs each candidate into scratch outputs: an in-place W += s * B A must add once.
+    W = rand(256, 192, device="cuda", dtype=torch.bfloat16)
+    lora_a = rand(16, 192, device="cuda", dtype=torch.bfloat16)
+    lora_b = rand(256, 16, device="cuda", dtype=torch.bfloat16)
+    expected = W.double() + 0.5 * (lora_b.double() @ lora_a.double())
+    with cutlass_ext.tune():
+        torch.ops.cutlass_ext.lora_merge(W, lora_a, lora_b, 0.5)
+    assert len(cutlass_ext.tuning.entries()) == 1
+    assert_close_to_reference(W, expected, None, "bf16", what="merged W")
+
+
+@requires_cuda
+def test_autotune_skips_graph_capture(tuning_table):
+    A = rand(32, 256, device="cuda", dtype=torch.bfloat16)
+    W = rand(384, 256, device="cuda", dtype=torch.bfloat16, scale=1 / 16)
+    static = {}
+    with cutlass_ext.tune():
+        graph, static["y"] = capture_cuda_graph(lambda: cutlass_ext.linear(A, W.t(), relu=True))
+    # The warm-up call outside the capture tuned the bucket; the captured call only read it.
+    assert len(cutlass_ext.tuning.entries()) == 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to_reference(static["y"], ref_linear(A, W.t(), None, "relu"), peer_linear(A, W.t(), None, "relu"),
+                              "bf16")

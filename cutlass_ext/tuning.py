@@ -1,0 +1,65 @@
+"""Persisted GEMM autotuning.
+
+By default each GEMM picks its kernel config with a shape heuristic that needs no tuning run.
+With tuning on, the first GEMM of each shape bucket (extents rounded up to powers of two, per
+device, dtype, math mode, operand layouts and epilogue) instead times every built candidate
+once, keeps the fastest, and appends it to a table file so later processes reuse it::
+
+    with cutlass_ext.tune():
+        model(example_batch)          # tunes the buckets it meets (synchronizes while tuning)
+    model(batch)                      # tuned configs are used from now on, also in new processes
+
+``CUTLASS_EXT_AUTOTUNE=1`` turns tuning on for the whole process. The table lives in
+``CUTLASS_EXT_TUNING_FILE`` (default: ``gemm_tuning.tsv`` in the cache directory); delete the file
+to forget it. Calls captured into a CUDA graph never tune (they use the table or the heuristic),
+and an explicit ``config=`` always wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from types import ModuleType
+
+from . import _build
+
+
+def tuning_file() -> Path:
+    env = os.environ.get("CUTLASS_EXT_TUNING_FILE")
+    return Path(env).expanduser() if env else _build.cache_root() / "gemm_tuning.tsv"
+
+
+def autotune_from_environment() -> bool:
+    value = os.environ.get("CUTLASS_EXT_AUTOTUNE", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"CUTLASS_EXT_AUTOTUNE={value!r} must be 0 or 1")
+    return value == "1"
+
+
+def attach(module: ModuleType) -> None:
+    """Loads the table into a freshly loaded extension and applies CUTLASS_EXT_AUTOTUNE."""
+    path = tuning_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # an unwritable location: the table then lives in memory only
+    module._configure_tuning(str(path), autotune_from_environment())
+
+
+@contextlib.contextmanager
+def tune(enabled: bool = True):
+    """Within the block, GEMMs of shape buckets not in the table are tuned (``enabled=False``
+    turns tuning off instead)."""
+    ext = _build.load()
+    previous = ext._tuning_enabled()
+    ext._set_tuning_enabled(enabled)
+    try:
+        yield
+    finally:
+        ext._set_tuning_enabled(previous)
+
+
+def entries() -> dict[str, str]:
+    """The tuned table: bucket key -> config name."""
+    return dict(_build.load()._tuning_entries())
