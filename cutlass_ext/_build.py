@@ -10,7 +10,8 @@ Environment knobs (also listed by ``python -m cutlass_ext.info``):
 =========================  ======================================================================
 ``CUTLASS_PATH``           a CUTLASS checkout (its ``include/`` is used first)
 ``CUDA_HOME``              the CUDA toolkit holding ``bin/nvcc`` (else ``CUDA_PATH``, ``PATH``)
-``CUTLASS_EXT_ARCH``       target archs, e.g. ``90a`` (default: the current GPU's)
+``CUTLASS_EXT_ARCH``       target archs: ``90a`` (Hopper), ``80`` (Ampere, CUTLASS 2.x kernels only),
+                           or both, e.g. ``90a,80`` (default: the current GPU's)
 ``CUTLASS_EXT_CACHE_DIR``  where builds are cached (default ``~/.cache/cutlass_ext``)
 ``MAX_JOBS``               parallel compile jobs (default: by cores and memory)
 ``CUTLASS_EXT_KERNELS``    selective build: comma-separated substrings of kernel names to keep
@@ -45,7 +46,7 @@ CSRC_DIR = PACKAGE_DIR / "csrc" if (PACKAGE_DIR / "csrc").is_dir() else REPO_DIR
 MODULE_NAME = "cutlass_ext._C"
 LIBRARY_FILE = "_C.so"
 AOT_STAMP = "_C_build.json"
-SUPPORTED_ARCHS = ("90a",)
+SUPPORTED_ARCHS = ("90a", "80")
 
 
 def static_sources() -> tuple[str, ...]:
@@ -155,7 +156,7 @@ def parse_archs(spec: str) -> tuple[str, ...]:
         if arch not in SUPPORTED_ARCHS:
             raise BuildError(
                 f"CUTLASS_EXT_ARCH={spec!r}: arch {arch} is not supported; cutlass_ext builds for "
-                f"{', '.join(SUPPORTED_ARCHS)} (Hopper)"
+                "90a (Hopper) and 80 (Ampere; its code also runs on other 8.x GPUs)"
             )
         archs.append(arch)
     if not archs:
@@ -164,12 +165,16 @@ def parse_archs(spec: str) -> tuple[str, ...]:
 
 
 def arch_of_capability(major: int, minor: int) -> str:
+    """The build target for a GPU: 90a for Hopper; 80 for every 8.x GPU (A100, A10, L4, RTX 30xx
+    and 40xx run sm_80 code)."""
     arch = f"{major}{minor}"
     if arch == "90":
         return "90a"
+    if major == 8:
+        return "80"
     raise BuildError(
-        f"this GPU is sm_{arch}; cutlass_ext's CUTLASS kernels need a Hopper GPU (sm_90: H100, H200, "
-        "GH200). Other GPUs run the PyTorch reference path."
+        f"this GPU is sm_{arch}; cutlass_ext's CUTLASS kernels need a Hopper (sm_90: H100, H200, GH200) "
+        "or Ampere-generation (sm_8x) GPU. Other GPUs run the PyTorch reference path."
     )
 
 
@@ -245,7 +250,7 @@ class BuildConfig:
             cuda_home=cuda_home,
             nvcc_version=nvcc_version(cuda_home),
             cutlass=find_cutlass(),
-            kernels=tuple(_kernel_table.select_kernels(kernel_filter)),
+            kernels=tuple(_kernel_table.select_kernels(kernel_filter, archs)),
             kernel_filter=kernel_filter,
             debug=os.environ.get("CUTLASS_EXT_DEBUG", "") == "1",
             torch_version=torch.__version__,
@@ -322,7 +327,7 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         src = gen_dir / f"{kernel.name}.cu"
         write_if_changed(src, kernel.source())
         obj = f"obj/{kernel.name}.o"
-        rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(gencode_flags((kernel.arch,)))}\n")
+        rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(kernel.gencodes(config.archs))}\n")
         objects.append(obj)
     registry = gen_dir / "gemm_registry.cpp"
     write_if_changed(registry, _kernel_table.registry_source(list(config.kernels)))

@@ -48,7 +48,7 @@ SM90_CONFIGS = (
     ),
     GemmConfig(
         "128x256_2x1_coop", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
-        use="large M and N (the TF32 default; an alternative for 16-bit types)",
+        use="large M and N with TF32 (fp32 inputs)",
     ),
     GemmConfig(
         "128x128_1x1_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",
@@ -56,7 +56,10 @@ SM90_CONFIGS = (
     ),
 )
 
-# TF32 (4-byte operands) keeps the cooperative configs.
+# 16-bit types: the cooperative 128x256 config was never clearly faster than ping-pong 128x128
+# on any measured shape, so it is built for TF32 only (4-byte operands keep the cooperative
+# configs), which keeps the full build within its time budget.
+SM90_16BIT_CONFIGS = (SM90_CONFIGS[0], SM90_CONFIGS[2])
 TF32_CONFIGS = SM90_CONFIGS[1:]
 
 # Small M (decode, small batches): the transposed product streams the weight through 64-row
@@ -72,33 +75,44 @@ def _transposed(tile_n, k_bytes, use):
 
 TRANSPOSED_CONFIGS = (
     _transposed(16, 256, "M <= 32 (transposed product)"),
-    _transposed(32, 256, "M <= 64 (transposed product; also the small-M backward and aux outputs)"),
+    _transposed(32, 256, "M <= 64 (transposed product; also small-M backward and aux outputs)"),
     _transposed(64, 128, "M <= 128 (transposed product)"),
-    _transposed(128, 128, "M <= 256 (transposed product; also the small-M backward and aux outputs)"),
+    _transposed(128, 128, "M <= 256 (transposed product)"),
 )
-# The subset built for the aux epilogue and the M-major weight (small-M training steps).
-TRANSPOSED_TRAINING_CONFIGS = (TRANSPOSED_CONFIGS[1], TRANSPOSED_CONFIGS[3])
+# The subset built for the aux epilogue and the M-major weight (small-M training steps; wider
+# rows take the non-transposed kernels).
+TRANSPOSED_TRAINING_CONFIGS = (TRANSPOSED_CONFIGS[1],)
 
 
 @dataclasses.dataclass(frozen=True)
-class SimtConfig:
-    """A CUTLASS 2.x SIMT (FMA-unit) tile for the exact-fp32 path."""
+class Cutlass2Config:
+    """A CUTLASS 2.x multistage tile: SIMT (FMA units, the exact-fp32 path) or Ampere tensor
+    cores. ``tile_k_bytes`` is the depth of a stage in bytes (K = 32 for 16-bit types and 16 for
+    TF32 at 64 bytes)."""
 
     name: str
-    tile: tuple[int, int, int]
+    tile: tuple[int, int]
     warp: tuple[int, int]
+    tile_k_bytes: int
     stages: int
     use: str
     transposed = False
 
 
 SIMT_CONFIGS = (
-    SimtConfig("128x128x8_simt", (128, 128, 8), (32, 64), 3, use="every exact-fp32 GEMM"),
+    Cutlass2Config("128x128x8_simt", (128, 128), (32, 64), 32, 3, use="every exact-fp32 GEMM"),
 )
+
+# Ampere (compute capability 8.x), and Hopper with CUTLASS_EXT_GEMM_ARCH=sm80.
+SM80_CONFIGS = (
+    Cutlass2Config("sm80_128x128", (128, 128), (64, 64), 64, 4,
+                   use="every tensor-core GEMM on Ampere (CUTLASS 2.x, mma.sync)"),
+)
+
 
 def all_configs() -> tuple:
     """Every config of the table, in listing order."""
-    return SM90_CONFIGS + TRANSPOSED_CONFIGS + SIMT_CONFIGS
+    return SM90_CONFIGS + TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
 
 
 def config_names() -> list[str]:
@@ -121,12 +135,12 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 
 @dataclasses.dataclass(frozen=True)
 class GemmKernel:
-    family: str  # "sm90" | "simt"
+    family: str  # "sm90" | "sm80" | "simt"
     dtype: str
     a_major: str  # "k" | "m"
     b_major: str  # "k" | "n"
     aux: bool
-    config: GemmConfig | SimtConfig
+    config: GemmConfig | Cutlass2Config
     with_c: bool = False  # the epilogue adds beta * C (LoRA terms, in-place weight merges)
 
     @property
@@ -135,9 +149,17 @@ class GemmKernel:
         return f"{self.family}_{self.dtype}_{self.a_major}{self.b_major}_{epilogue}_{self.config.name}"
 
     @property
-    def arch(self) -> str:
-        """The target this file must be compiled for (wgmma needs the arch-specific sm_90a)."""
-        return "90a"
+    def gemm_arch(self) -> int:
+        """The GEMM path the kernel belongs to: 90 (CUTLASS 3.x, Hopper) or 80 (CUTLASS 2.x, run
+        on Ampere and Hopper alike; the exact-fp32 SIMT kernels are in it too)."""
+        return 90 if self.family == "sm90" else 80
+
+    def gencodes(self, archs: tuple[str, ...]) -> list[str]:
+        """nvcc -gencode flags for the build's target archs: wgmma needs the arch-specific
+        sm_90a; CUTLASS 2.x kernels are compiled from compute_80 for every target."""
+        if self.family == "sm90":
+            return ["-gencode=arch=compute_90a,code=sm_90a"] if "90a" in archs else []
+        return [f"-gencode=arch=compute_80,code=sm_{'90' if a == '90a' else a}" for a in archs]
 
     def source(self) -> str:
         element, size, _, _ = DTYPES[self.dtype]
@@ -153,12 +175,20 @@ class GemmKernel:
             )
             header = "gemm/sm90_gemm.cuh"
         else:
-            (tm, tn, tk), (wm, wn) = cfg.tile, cfg.warp
-            bundle = (
-                f"::cutlass_ext::simt::GemmBundle<{A_LAYOUT[self.a_major]}, {B_LAYOUT[self.b_major]}, "
-                f"{tm}, {tn}, {tk}, {wm}, {wn}, {cfg.stages}>"
-            )
-            header = "gemm/simt_gemm.cuh"
+            (tm, tn), (wm, wn) = cfg.tile, cfg.warp
+            tk = cfg.tile_k_bytes // size
+            if self.family == "simt":
+                bundle = (
+                    f"::cutlass_ext::simt::GemmBundle<{A_LAYOUT[self.a_major]}, {B_LAYOUT[self.b_major]}, "
+                    f"{tm}, {tn}, {tk}, {wm}, {wn}, {cfg.stages}>"
+                )
+                header = "gemm/simt_gemm.cuh"
+            else:
+                bundle = (
+                    f"::cutlass_ext::sm80::GemmBundle<{element}, {A_LAYOUT[self.a_major]}, {B_LAYOUT[self.b_major]}, "
+                    f"{tm}, {tn}, {tk}, {wm}, {wn}, {cfg.stages}>"
+                )
+                header = "gemm/sm80_gemm.cuh"
         return (
             BANNER
             + f"// For: {cfg.use}\n"
@@ -172,15 +202,15 @@ class GemmKernel:
     def registry_row(self) -> str:
         _, _, dtype_enum, math_enum = DTYPES[self.dtype]
         cfg = self.config
-        tile_m, tile_n = (cfg.tile_m, cfg.tile_n) if self.family == "sm90" else cfg.tile[:2]
+        tile_m, tile_n = (cfg.tile_m, cfg.tile_n) if self.family == "sm90" else cfg.tile
         stream_k = self.family == "sm90" and cfg.stream_k
         transposed = self.family == "sm90" and cfg.transposed
         a = "kK" if self.a_major == "k" else "kMN"
         b = "kK" if self.b_major == "k" else "kMN"
         return (
             f'    {{"{self.name}", DType::{dtype_enum}, MathMode::{math_enum}, Major::{a}, Major::{b}, '
-            f'{str(self.aux).lower()}, {str(self.with_c).lower()}, "{cfg.name}", {tile_m}, {tile_n}, {str(stream_k).lower()}, '
-            f"{str(transposed).lower()}, &generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
+            f'{str(self.aux).lower()}, {str(self.with_c).lower()}, {self.gemm_arch}, "{cfg.name}", {tile_m}, {tile_n}, '
+            f"{str(stream_k).lower()}, {str(transposed).lower()}, &generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
         )
 
 
@@ -199,7 +229,7 @@ def all_kernels() -> list[GemmKernel]:
                 # whose input is a K-major activation; an M-major input is copied.
                 if aux and a != "k":
                     continue
-                for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_CONFIGS:
+                for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 # Transposed kernels serve small-M products: the forward (its A' is the K-major
                 # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.
@@ -210,18 +240,27 @@ def all_kernels() -> list[GemmKernel]:
             # it) and in-place weight merges; their A operands are fresh K-major tensors. The
             # data-parallel preferred config and the stream-K config cover large and small M.
             if a == "k":
-                for cfg in TF32_CONFIGS if dtype == "tf32" else (SM90_CONFIGS[0], SM90_CONFIGS[2]):
+                for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, with_c=True))
+    for dtype in ("bf16", "fp16", "tf32"):
+        for a, b in itertools.product("km", "kn"):
+            # Ampere TF32 reads K-major operands only (the binding copies others): it keeps the
+            # build within its time budget for a path that is mostly a fallback.
+            if dtype == "tf32" and (a, b) != ("k", "k"):
+                continue
+            for cfg in SM80_CONFIGS:
+                kernels.append(GemmKernel("sm80", dtype, a, b, False, cfg))
     for a, b in itertools.product("km", "kn"):
         for cfg in SIMT_CONFIGS:
             kernels.append(GemmKernel("simt", "f32", a, b, False, cfg))
     return kernels
 
 
-def select_kernels(patterns: str | None) -> list[GemmKernel]:
+def select_kernels(patterns: str | None, archs: tuple[str, ...] | None = None) -> list[GemmKernel]:
     """The kernels a selective build keeps: those whose name contains any of the comma-separated
-    substrings in ``patterns`` (all kernels when it is empty or None)."""
-    kernels = all_kernels()
+    substrings in ``patterns`` (all kernels when it is empty or None) and that can be compiled
+    for ``archs`` (every kernel when None)."""
+    kernels = [k for k in all_kernels() if archs is None or k.gencodes(archs)]
     wanted = [p.strip() for p in (patterns or "").split(",") if p.strip()]
     if not wanted:
         return kernels
@@ -244,7 +283,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "}  // namespace generated\n\n"
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
-        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, nullptr, 0, 0, false, "
+        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, 0, 0, false, "
         "false, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"

@@ -76,21 +76,27 @@ def test_bad_cuda_home(clean_env, tmp_path):
 
 
 @pytest.mark.parametrize("spec,expected", [("90a", ("90a",)), ("sm_90a", ("90a",)), ("9.0a", ("90a",)),
-                                           ("90", ("90a",)), ("90a;90a", ("90a",))])
+                                           ("90", ("90a",)), ("90a;90a", ("90a",)), ("80", ("80",)),
+                                           ("sm_90a,sm_80", ("90a", "80"))])
 def test_parse_archs(spec, expected):
     assert _build.parse_archs(spec) == expected
 
 
-@pytest.mark.parametrize("spec,pattern", [("80", "not supported"), ("hopper", "not an arch"), (";", "names no arch")])
+@pytest.mark.parametrize("spec,pattern", [("86", "not supported"), ("70", "not supported"), ("hopper", "not an arch"),
+                                          (";", "names no arch")])
 def test_parse_archs_rejects(spec, pattern):
     with pytest.raises(_build.BuildError, match=pattern):
         _build.parse_archs(spec)
 
 
 def test_unsupported_gpu_is_explained():
-    with pytest.raises(_build.BuildError, match="sm_80.*Hopper"):
-        _build.arch_of_capability(8, 0)
+    with pytest.raises(_build.BuildError, match="sm_75.*Hopper.*Ampere"):
+        _build.arch_of_capability(7, 5)
+    with pytest.raises(_build.BuildError, match="sm_100"):
+        _build.arch_of_capability(10, 0)
     assert _build.arch_of_capability(9, 0) == "90a"
+    # Every 8.x GPU runs the sm_80 build (CUTLASS 2.x kernels only).
+    assert _build.arch_of_capability(8, 0) == _build.arch_of_capability(8, 6) == _build.arch_of_capability(8, 9) == "80"
 
 
 def test_arch_env_overrides_device(clean_env):
@@ -135,7 +141,7 @@ def test_cache_key_tracks_what_changes_the_binary():
 
 
 def test_build_tree(tmp_path):
-    config = _config(kernels=tuple(_kernel_table.select_kernels("sm90_bf16_kk,simt_f32_kk")))
+    config = _config(kernels=tuple(_kernel_table.select_kernels("sm90_bf16_kk,sm80_bf16_kk,simt_f32_kk")))
     library = _build.write_build_tree(config, tmp_path)
     assert library == tmp_path / _build.LIBRARY_FILE
     ninja = (tmp_path / "build.ninja").read_text()
@@ -146,7 +152,11 @@ def test_build_tree(tmp_path):
     static = _build.static_sources()
     assert "bindings/gemm.cpp" in static and "elementwise/activation_kernels.cu" in static
     hand_written_cu = [rel for rel in static if rel.endswith(".cu")]
-    assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(config.kernels) + len(hand_written_cu)
+    sm90 = [k for k in config.kernels if k.family == "sm90"]
+    assert sm90 and len(sm90) < len(config.kernels)
+    assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(sm90) + len(hand_written_cu)
+    # CUTLASS 2.x kernels (Ampere tensor cores, exact-fp32 SIMT) are compiled from compute_80.
+    assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(config.kernels) - len(sm90)
     for rel in static:
         rule = "nvcc" if rel.endswith(".cu") else "cxx"
         assert f"build obj/{rel.replace('/', '_').rsplit('.', 1)[0]}.o: {rule}" in ninja
@@ -155,6 +165,21 @@ def test_build_tree(tmp_path):
     registry = (tmp_path / "gen" / "gemm_registry.cpp").read_text()
     assert f"const int kNumGemmKernels = {len(config.kernels)};" in registry
     assert all(f'{{"{k.name}"' in registry for k in config.kernels)
+
+
+def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
+    kernels = _kernel_table.select_kernels("", ("80",))
+    assert kernels and {k.family for k in kernels} == {"sm80", "simt"}
+    assert {k.dtype for k in kernels if k.family == "sm80"} == {"bf16", "fp16", "tf32"}
+    config = _config(archs=("80",), kernels=tuple(kernels))
+    _build.write_build_tree(config, tmp_path)
+    ninja = (tmp_path / "build.ninja").read_text()
+    assert "compute_90a" not in ninja and "sm_90" not in ninja
+    assert ninja.count("-gencode=arch=compute_80,code=sm_80") == len(kernels) + sum(
+        rel.endswith(".cu") for rel in _build.static_sources())
+    # A build for both targets compiles CUTLASS 2.x kernels for each.
+    both = _kernel_table.select_kernels("sm80_fp16_kk", ("90a", "80"))
+    assert both[0].gencodes(("90a", "80")) == ["-gencode=arch=compute_80,code=sm_90", "-gencode=arch=compute_80,code=sm_80"]
 
 
 def test_selective_build_and_kernel_table():

@@ -8,5 +8,6 @@ def test_info_runs_and_lists_ops():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     for needle in ("cutlass_ext::linear", "cutlass_ext::matmul", "cutlass_ext::_act_grad", "CUTLASS:", "nvcc:",
-                   "cache dir:", "GEMM configs:", "128x256_2x1_coop", "sm90_bf16_kk_bias_act_128x256_2x1_coop"):
+                   "cache dir:", "GEMM configs:", "128x256_2x1_coop", "sm90_tf32_kk_bias_act_128x256_2x1_coop",
+                   "t64x16k128_pp", "sm80_128x128", "sm80_bf16_mn_bias_act_sm80_128x128", "GEMM tuning table:"):
         assert needle in text, text

@@ -27,18 +27,27 @@ namespace cutlass_ext {
 // ---------------------------------------------------------------------------------------------
 // Device and stream helpers (the one device-property cache)
 
-inline int sm_count(int device) {
-  // Read concurrently by autograd's per-device threads: one atomic slot per device.
+// A device attribute, read once per device. Read concurrently by autograd's per-device threads:
+// one atomic slot per device (0 = not read yet; the attributes cached here are never 0).
+template <cudaDeviceAttr kAttr>
+int device_attribute(int device, const char* what) {
   static std::array<std::atomic<int>, 64> cache{};
   CE_CHECK(device >= 0 && device < int(cache.size()), "device index ", device, " out of range");
   int value = cache[device].load(std::memory_order_relaxed);
   if (value == 0) {
-    const cudaError_t err = cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device);
-    CE_CHECK(err == cudaSuccess, "cannot query the multiprocessor count of cuda:", device, ": ",
-             cudaGetErrorString(err));
+    const cudaError_t err = cudaDeviceGetAttribute(&value, kAttr, device);
+    CE_CHECK(err == cudaSuccess, "cannot query the ", what, " of cuda:", device, ": ", cudaGetErrorString(err));
     cache[device].store(value, std::memory_order_relaxed);
   }
   return value;
+}
+
+inline int sm_count(int device) {
+  return device_attribute<cudaDevAttrMultiProcessorCount>(device, "multiprocessor count");
+}
+
+inline int compute_capability_major(int device) {
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device, "compute capability");
 }
 
 inline cudaStream_t current_stream(const at::Device& device) {

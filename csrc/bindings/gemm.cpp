@@ -83,17 +83,39 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 // Kernels built for this dtype, math mode, layout and epilogue (empty when the combination has
 // no instantiation, or a selective build left it out). Majors are those of the kernel's own
 // operands: for transposed kernels A' = B^T and B' = A^T.
-std::vector<const GemmKernelEntry*> kernels_for(DType dtype, MathMode math, Major a, Major b, bool aux,
+std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode math, Major a, Major b, bool aux,
                                                 bool with_c, bool transposed) {
   std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
-    if (e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b && e.aux == aux &&
-        e.source == with_c && e.transposed == transposed) {
+    // Exact fp32 has one (CUTLASS 2.x SIMT) path on every arch, and every CUTLASS 2.x kernel
+    // (arch 80) can read a C source.
+    const bool arch_ok = math == MathMode::kExactF32 || e.arch == arch;
+    const bool source_ok = e.source == with_c || (with_c && e.arch == 80);
+    if (arch_ok && source_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
+        e.aux == aux && e.transposed == transposed) {
       out.push_back(&e);
     }
   }
   return out;
+}
+
+// The GEMM path of a call: the forced config's, else CUTLASS_EXT_GEMM_ARCH's, else the GPU's
+// (CUTLASS 3.x kernels on Hopper, CUTLASS 2.x kernels on 8.x GPUs).
+int gemm_arch_for(const GemmOptions& opts, int device) {
+  const int major = compute_capability_major(device);
+  int arch = opts.gemm_arch != 0 ? opts.gemm_arch : major >= 9 ? 90 : 80;
+  if (!opts.config.empty()) {
+    for (int i = 0; i < kNumGemmKernels; ++i) {
+      if (opts.config == kGemmKernels[i].config && kGemmKernels[i].math == MathMode::kTensorOp) {
+        arch = kGemmKernels[i].arch;
+        break;
+      }
+    }
+  }
+  CE_CHECK(arch == 80 || major >= 9, "the sm90 GEMM path (config '", opts.config,
+           "' or CUTLASS_EXT_GEMM_ARCH=sm90) needs a Hopper GPU; cuda:", device, " is sm_", major, "x");
+  return arch;
 }
 
 // Output tiles of a kernel on the caller's M x N product (a transposed kernel tiles N by tile_m).
@@ -205,6 +227,12 @@ GemmOptions gemm_options() {
   GemmOptions o;
   o.exact_f32 = !at::globalContext().allowTF32CuBLAS();
   if (const char* v = std::getenv("CUTLASS_EXT_GEMM_CONFIG")) o.config = v;
+  if (const char* v = std::getenv("CUTLASS_EXT_GEMM_ARCH")) {
+    const std::string s(v);
+    CE_CHECK(s.empty() || s == "sm90" || s == "sm80", "CUTLASS_EXT_GEMM_ARCH=", s,
+             " must be sm90 or sm80 (or unset for the GPU's own)");
+    o.gemm_arch = s == "sm90" ? 90 : s == "sm80" ? 80 : 0;
+  }
   if (const char* v = std::getenv("CUTLASS_EXT_GEMM_SWIZZLE")) {
     const std::string s(v);
     CE_CHECK(s == "0" || s == "1" || s == "2" || s == "4" || s == "8",
@@ -306,21 +334,23 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   }
 
   const bool with_c = c3.defined();
-  // No kernel has both a C source and an aux output; such calls store Z and activate after.
-  const bool kernel_aux = aux && math == MathMode::kTensorOp && !with_c;
+  const int arch = gemm_arch_for(opts, a.device().index());
+  // No kernel has both a C source and an aux output, and only the Hopper path has aux outputs;
+  // such calls store Z and activate after.
+  const bool kernel_aux = aux && math == MathMode::kTensorOp && !with_c && arch == 90;
   auto major_a = [&] { return va.y_contiguous ? Major::kK : Major::kMN; };
   auto major_b = [&] { return vb.y_contiguous ? Major::kMN : Major::kK; };
   std::vector<const GemmKernelEntry*> candidates =
-      kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c, false);
+      kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false);
   if (candidates.empty()) {
     // No kernel reads this layout (TF32 with an N-major B, or a selective build): copy the
     // MN-major operands to K-major, which every build has.
     if (major_a() != Major::kK) copy_a_k_major();
     if (major_b() != Major::kK) copy_b_k_major();
-    candidates = kernels_for(dt, math, major_a(), major_b(), kernel_aux, with_c, false);
+    candidates = kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false);
   }
   if (candidates.empty() && with_c) {
-    // No C-source kernel for this math mode (exact fp32) or build: the product, then the sum.
+    // No C-source kernel in this (selective) build: the product, then the sum.
     at::Tensor z = std::get<0>(gemm_op(a, b, c10::nullopt, 0, false, opts, GemmExtra{extra.alpha}));
     if (!batched) z = z.unsqueeze(0);
     z.add_(c3);
@@ -331,15 +361,21 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   }
   if (!with_c) {
     // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
-    for (const GemmKernelEntry* e : kernels_for(dt, math, major_b(), major_a(), kernel_aux, false, true)) {
+    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_b(), major_a(), kernel_aux, false, true)) {
       candidates.push_back(e);
     }
   }
   CE_CHECK(!candidates.empty(), op, ": no GEMM kernel was built for ", dtype_name(dt),
            math == MathMode::kExactF32 ? " (exact fp32)" : "", kernel_aux ? " with an aux output" : "",
-           "; rebuild without a CUTLASS_EXT_KERNELS filter that excludes it");
+           " on the sm", arch, " path; rebuild without a CUTLASS_EXT_KERNELS filter that excludes it",
+           arch == 90 ? " (or for arch 90a)" : "");
 
   const bool split_activation = aux && !kernel_aux;
+  if (with_c && bias_k.defined() && candidates.front()->arch == 80) {
+    // CUTLASS 2.x kernels read either the bias or a C source: fold the bias into C.
+    c3 = c3 + *bias;
+    bias_k = at::Tensor();
+  }
   if (with_c && !(Np == N && epilogue_readable(c3, align))) {
     at::Tensor padded = at::empty({L, M, Np}, options);
     padded.narrow(2, 0, N).copy_(c3);

@@ -59,6 +59,7 @@ struct GemmKernelEntry {
   Major b_major;
   bool aux;            // epilogue also stores the pre-activation
   bool source;         // epilogue adds beta * C
+  int arch;            // GEMM path: 90 (CUTLASS 3.x, Hopper) or 80 (CUTLASS 2.x: Ampere, and exact fp32)
   const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
   int tile_m, tile_n;
   bool stream_k;
