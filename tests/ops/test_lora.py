@@ -271,9 +271,12 @@ def test_backward_noncontiguous_x_and_grad(device):
     weight, lora_A, lora_B, bias = make_params(72, 40, 8, device, torch.bfloat16)
     grad_out = rand(40, 40, device=device, dtype=torch.bfloat16).t()  # column-major incoming gradient
     inputs = [x, weight, lora_A, lora_B, bias]
-    _, ours = grads_of(lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation="relu"), inputs, grad_out)
-    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "relu"), inputs, grad_out)
-    _, ref = grads_of(lambda *a: ref_lora(*a, SCALING, "relu"), [v.double() for v in inputs], grad_out.double())
+    # A smooth activation: with ReLU, a pre-activation within rounding distance of 0 flips the
+    # mask, and on a 40x40 output one flip moves dx by several percent for any rounding order.
+    act = "gelu"
+    _, ours = grads_of(lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act), inputs, grad_out)
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
+    _, ref = grads_of(lambda *a: ref_lora(*a, SCALING, act), [v.double() for v in inputs], grad_out.double())
     for name, o, p, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
         assert_close_to_reference(o, rf, p, "bf16", what=name)
 
