@@ -79,6 +79,16 @@ TRANSPOSED_CONFIGS = (
     _transposed(64, 128, "M <= 128 (transposed product)"),
     _transposed(128, 128, "M <= 256 (transposed product)"),
 )
+# TF32 (cooperative configs only): few rows, and the large products whose B is N-major (a
+# row-major [K, N] fp32 matrix), which the non-transposed TF32 kernels cannot read without a copy
+# but the transposed product reads as its M-major first operand.
+TF32_TRANSPOSED_CONFIGS = (
+    GemmConfig("t128x32_coop_sk", 128, 32, 1, 1, "Cooperative", "StreamKScheduler",
+               use="TF32, M <= 64: transposed product, split over K", transposed=True),
+    GemmConfig("t128x256_2x1_coop_tf32", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
+               use="TF32 with an N-major B: the transposed product instead of a copy of B", transposed=True),
+)
+
 # The subset built for the aux epilogue and the M-major weight (small-M training steps; wider
 # rows take the non-transposed kernels).
 TRANSPOSED_TRAINING_CONFIGS = (TRANSPOSED_CONFIGS[1],)
@@ -112,7 +122,7 @@ SM80_CONFIGS = (
 
 def all_configs() -> tuple:
     """Every config of the table, in listing order."""
-    return SM90_CONFIGS + TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
+    return SM90_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
 
 
 def config_names() -> list[str]:
@@ -235,6 +245,9 @@ def all_kernels() -> list[GemmKernel]:
                 # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.
                 if dtype != "tf32" and b == "k" and (a == "k" or not aux):
                     for cfg in TRANSPOSED_CONFIGS if (a, aux) == ("k", False) else TRANSPOSED_TRAINING_CONFIGS:
+                        kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
+                if dtype == "tf32" and b == "k" and not aux:
+                    for cfg in TF32_TRANSPOSED_CONFIGS if a == "m" else TF32_TRANSPOSED_CONFIGS[:1]:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
             # Accumulating into C serves LoRA (the low-rank term, then the main GEMM on top of
             # it) and in-place weight merges; their A operands are fresh K-major tensors. The

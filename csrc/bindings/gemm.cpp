@@ -139,27 +139,29 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   }
   // Few rows: the transposed kernel with the narrowest tile that takes them in at most two
   // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
-  // the SMs (a narrow N with a long K, like a weight gradient, goes to split-K instead).
+  // the SMs or it splits K (a narrow N with a long K, like a weight gradient, goes to split-K).
   if (M <= kTransposedMaxM) {
     const GemmKernelEntry* best = nullptr;
     for (const GemmKernelEntry* e : candidates) {
       if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
     }
-    if (best != nullptr && output_tiles(*best, M, N, L) * 4 >= sms) return best;
+    if (best != nullptr && (best->stream_k || output_tiles(*best, M, N, L) * 4 >= sms)) return best;
   }
   // Otherwise the first data-parallel config (the kernel table lists them in order of
   // preference) when its tiles fill the machine at least once, else the stream-K config, which
-  // splits the K loop to occupy every SM.
+  // splits the K loop to occupy every SM. Transposed kernels take part only when nothing else
+  // reads the layout (TF32 with an N-major B).
+  const bool only_transposed =
+      std::all_of(candidates.begin(), candidates.end(), [](const GemmKernelEntry* e) { return e->transposed; });
   const GemmKernelEntry* best_dp = nullptr;
   const GemmKernelEntry* best_sk = nullptr;
   for (const GemmKernelEntry* e : candidates) {
-    if (e->transposed) continue;
+    if (e->transposed != only_transposed) continue;
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
   }
   if (best_dp != nullptr && (output_tiles(*best_dp, M, N, L) >= sms || best_sk == nullptr)) return best_dp;
-  if (best_sk != nullptr) return best_sk;
-  return candidates.front();  // only transposed kernels were built (a selective build)
+  return best_sk;
 }
 
 // Split-K factor for a stream-K kernel on a problem with few output tiles: as many splits as fit
@@ -342,9 +344,12 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   auto major_b = [&] { return vb.y_contiguous ? Major::kMN : Major::kK; };
   std::vector<const GemmKernelEntry*> candidates =
       kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false);
-  if (candidates.empty()) {
-    // No kernel reads this layout (TF32 with an N-major B, or a selective build): copy the
-    // MN-major operands to K-major, which every build has.
+  // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
+  std::vector<const GemmKernelEntry*> transposed;
+  if (!with_c) transposed = kernels_for(arch, dt, math, major_b(), major_a(), kernel_aux, false, true);
+  if (candidates.empty() && transposed.empty()) {
+    // No kernel reads this layout (TF32 with an N-major B and no transposed kernel, or a
+    // selective build): copy the MN-major operands to K-major, which every build has.
     if (major_a() != Major::kK) copy_a_k_major();
     if (major_b() != Major::kK) copy_b_k_major();
     candidates = kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false);
@@ -359,12 +364,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     run_activation(z, d, activation, current_stream(a.device()));
     return deliver(d, z);
   }
-  if (!with_c) {
-    // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
-    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_b(), major_a(), kernel_aux, false, true)) {
-      candidates.push_back(e);
-    }
-  }
+  candidates.insert(candidates.end(), transposed.begin(), transposed.end());
   CE_CHECK(!candidates.empty(), op, ": no GEMM kernel was built for ", dtype_name(dt),
            math == MathMode::kExactF32 ? " (exact fp32)" : "", kernel_aux ? " with an aux output" : "",
            " on the sm", arch, " path; rebuild without a CUTLASS_EXT_KERNELS filter that excludes it",

@@ -720,3 +720,21 @@ def test_gemm_arch_setting_is_checked(monkeypatch):
     # A config names its path: a Hopper config still runs the Hopper kernels.
     y = cutlass_ext.linear(A, A.t(), config="t64x32k128_pp")
     assert_close_to_reference(y, ref_linear(A, A.t(), None, "none"), peer_linear(A, A.t(), None, "none"), "bf16")
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("m", [1, 40, 700])
+def test_tf32_n_major_b_needs_no_copy(m):
+    # fp32 A @ B with a row-major [K, N] B: the transposed TF32 kernels read it in place.
+    A = rand(m, 264, device="cuda", dtype=torch.float32)
+    B = make_b(264, 520, "kn", "cuda", torch.float32)
+    with fp32_precision("tf32"):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            y = cutlass_ext.matmul(A, B)
+            torch.cuda.synchronize()
+        peer = A @ B
+    assert_close_to_reference(y, A.double() @ B.double(), peer, "tf32")
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("GemmUniversal" in n for n in names) == 1
+    assert not any("copy" in n.lower() for n in names), names
