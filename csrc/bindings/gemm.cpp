@@ -160,7 +160,12 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
   }
-  if (best_dp != nullptr && (output_tiles(*best_dp, M, N, L) >= sms || best_sk == nullptr)) return best_dp;
+  // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
+  // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K
+  // tiles ran 2048^2 x 2048 4.6x slower than cuBLAS).
+  if (best_dp != nullptr && (output_tiles(*best_dp, M, N, L) >= sms || best_sk == nullptr || only_transposed)) {
+    return best_dp;
+  }
   return best_sk;
 }
 
