@@ -418,31 +418,26 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const cudaStream_t stream = current_stream(a.device());
   // The operands and split count for one kernel (a transposed kernel computes D^T = B^T A^T:
   // D, C and Aux keep their row-major storage and are read column-major).
+  struct Operand {
+    const at::Tensor& t;
+    int64_t stride_mn, stride_k, stride_l;  // along the kernel's M (or N), K and batch
+  };
+  const Operand op_a{a3, va.stride_x, va.stride_y, va.stride_l};  // A [M, K]
+  const Operand op_bt{b3, vb.stride_y, vb.stride_x, vb.stride_l};  // B^T [N, K]
   auto configure = [&](const GemmKernelEntry& e) {
     GemmParams q = p;
-    if (!e.transposed) {
-      q.M = int(M);
-      q.N = int(Np);
-      q.A = a3.data_ptr();
-      q.a_stride_m = va.stride_x;
-      q.a_stride_k = va.stride_y;
-      q.a_stride_l = va.stride_l;
-      q.B = b3.data_ptr();
-      q.b_stride_k = vb.stride_x;
-      q.b_stride_n = vb.stride_y;
-      q.b_stride_l = vb.stride_l;
-    } else {
-      q.M = int(Np);
-      q.N = int(M);
-      q.A = b3.data_ptr();
-      q.a_stride_m = vb.stride_y;
-      q.a_stride_k = vb.stride_x;
-      q.a_stride_l = vb.stride_l;
-      q.B = a3.data_ptr();
-      q.b_stride_n = va.stride_x;
-      q.b_stride_k = va.stride_y;
-      q.b_stride_l = va.stride_l;
-    }
+    const Operand& first = e.transposed ? op_bt : op_a;
+    const Operand& second = e.transposed ? op_a : op_bt;
+    q.M = int(e.transposed ? Np : M);
+    q.N = int(e.transposed ? M : Np);
+    q.A = first.t.data_ptr();
+    q.a_stride_m = first.stride_mn;
+    q.a_stride_k = first.stride_k;
+    q.a_stride_l = first.stride_l;
+    q.B = second.t.data_ptr();
+    q.b_stride_n = second.stride_mn;
+    q.b_stride_k = second.stride_k;
+    q.b_stride_l = second.stride_l;
     if (e.stream_k) q.splits = split_k_factor(e, M, Np, Kp, L, q.sm_count, a.element_size());
     return q;
   };
