@@ -131,8 +131,10 @@ def test_dims_of_3d_input(device, dtype_name, dim):
 @pytest.mark.parametrize("dtype_name", ["fp16", "fp32"])
 def test_scale(device, dtype_name, scale, cols):
     dtype = DTYPES[dtype_name]
-    x = rand(3, cols, device=device, dtype=dtype, scale=2)
-    grad_out = rand(3, cols, device=device, dtype=dtype)
+    # 64 rows: with 3 rows of 7, the norm-wise error of either side rests on a handful of
+    # roundings, and torch's own error was below half of ours in 1 of 300 seeds (fp32 dx).
+    x = rand(64, cols, device=device, dtype=dtype, scale=2)
+    grad_out = rand(64, cols, device=device, dtype=dtype)
     out, ours = grads_of(lambda t: cutlass_ext.softmax(t, scale=scale), x, grad_out)
     peer_out, peer = grads_of(lambda t: peer_softmax(t, -1, scale), x, grad_out)
     ref_out, ref = grads_of(lambda t: ref_softmax(t, -1, scale), x.double(), grad_out.double())
