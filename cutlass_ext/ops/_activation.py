@@ -15,6 +15,39 @@ CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
 NEEDS_PREACTIVATION = frozenset({"gelu", "gelu_tanh", "silu", "sigmoid"})
 
 
+def stores_preactivation(activation: str, save_preact: bool) -> bool:
+    """Whether a GEMM op called with ``save_preact`` returns z as its auxiliary output."""
+    return save_preact and activation in NEEDS_PREACTIVATION
+
+
+def wants_preactivation(activation: str, *tensors) -> bool:
+    """The ``save_preact`` a public function passes: z is kept only when a backward will need it."""
+    return (
+        activation in NEEDS_PREACTIVATION
+        and torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in tensors)
+    )
+
+
+def saved_for_backward(activation: str, y: torch.Tensor, preact: torch.Tensor, save_preact: bool):
+    """What the backward of act reads (see :func:`backward`): y for relu, the stored z for the
+    activations in NEEDS_PREACTIVATION (None when it was not stored), nothing otherwise."""
+    if activation == "relu":
+        return y
+    if activation in NEEDS_PREACTIVATION and save_preact:
+        return preact
+    return None
+
+
+def check_saved(activation: str, saved, op: str) -> None:
+    """The backward of an op whose forward did not store the pre-activation it needs fails clearly."""
+    if activation in NEEDS_PREACTIVATION and saved is None:
+        raise RuntimeError(
+            f"cutlass_ext.{op}: the backward of activation {activation!r} needs the pre-activation; "
+            f"call the op with save_preact=True (cutlass_ext.{op} does this when grads are enabled)"
+        )
+
+
 def resolve(relu: bool, activation: str | None, op: str) -> str:
     """Maps the public (relu=..., activation=...) pair to one activation name."""
     if activation is not None and activation not in ACTIVATIONS:

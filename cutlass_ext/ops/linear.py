@@ -83,24 +83,20 @@ def check_matmul_args(A, B) -> None:
 # linear
 
 
-def _stores_preact(activation: str, save_preact: bool) -> bool:
-    return save_preact and activation in _activation.NEEDS_PREACTIVATION
-
-
 def _linear_reference(a, b, bias, activation, save_preact, config=None):
     ct = compute_dtype(a.dtype)
     z = torch.matmul(a.to(ct), b.to(ct))
     if bias is not None:
         z = z + bias.to(ct)
     y = _activation.apply(z, activation).to(a.dtype).contiguous()
-    aux = z.to(a.dtype).contiguous() if _stores_preact(activation, save_preact) else a.new_empty(0)
+    aux = z.to(a.dtype).contiguous() if _activation.stores_preactivation(activation, save_preact) else a.new_empty(0)
     return y, aux
 
 
 @torch.library.register_fake("cutlass_ext::linear")
 def _linear_fake(a, b, bias, activation, save_preact, config=None):
     shape = (*a.shape[:-1], b.shape[1])
-    aux = a.new_empty(shape) if _stores_preact(activation, save_preact) else a.new_empty(0)
+    aux = a.new_empty(shape) if _activation.stores_preactivation(activation, save_preact) else a.new_empty(0)
     return a.new_empty(shape), aux
 
 
@@ -120,13 +116,7 @@ def _linear_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(aux)
     ctx.set_materialize_grads(False)  # aux never has a gradient: don't build zeros for it
     ctx.activation = activation
-    if activation == "relu":
-        saved = y
-    elif activation in _activation.NEEDS_PREACTIVATION:
-        saved = aux if save_preact else None
-    else:
-        saved = None
-    ctx.save_for_backward(a, b, saved)
+    ctx.save_for_backward(a, b, _activation.saved_for_backward(activation, y, aux, save_preact))
 
 
 def _linear_backward(ctx, grad_y, grad_aux):
@@ -134,11 +124,7 @@ def _linear_backward(ctx, grad_y, grad_aux):
         return None, None, None, None, None, None
     a, b, saved = ctx.saved_tensors
     activation = ctx.activation
-    if activation in _activation.NEEDS_PREACTIVATION and saved is None:
-        raise RuntimeError(
-            f"cutlass_ext.linear: the backward of activation {activation!r} needs the pre-activation; "
-            "call the op with save_preact=True (cutlass_ext.linear does this when grads are enabled)"
-        )
+    _activation.check_saved(activation, saved, "linear")
     need_a, need_b, need_bias = ctx.needs_input_grad[:3]
     # dB comes back in B's layout: transposed when B is the transpose of a row-major [N, K] weight.
     b_is_weight_t = b.stride(0) == 1 and b.stride(1) != 1
@@ -211,11 +197,7 @@ def linear(A, B, bias=None, relu=False, *, activation=None, config=None):
     act = _activation.resolve(relu, activation, "linear")
     check_linear_args(A, B, bias)
     check_config(config, "linear")
-    save_preact = (
-        act in _activation.NEEDS_PREACTIVATION
-        and torch.is_grad_enabled()
-        and (A.requires_grad or B.requires_grad or (bias is not None and bias.requires_grad))
-    )
+    save_preact = _activation.wants_preactivation(act, A, B, bias)
     y, _ = torch.ops.cutlass_ext.linear(A, B, bias, act, save_preact, config)
     return y
 

@@ -98,10 +98,6 @@ def check_lora_linear_args(x, weight, lora_A, lora_B, bias, scaling, dropout_p, 
 # Dropout on x, keyed by flat row-major element index
 
 
-def _stores_preact(activation: str, save_preact: bool) -> bool:
-    return save_preact and activation in _activation.NEEDS_PREACTIVATION
-
-
 def _drop(v: torch.Tensor, dropout_p: float, seed) -> torch.Tensor:
     """drop(v) for a tensor of x's logical shape (or any [rows, in] view of it): the mask of flat
     row-major element i under ``seed``, kept elements scaled by 1 / (1 - p)."""
@@ -129,7 +125,7 @@ def _lora_linear_reference(x, weight, lora_A, lora_B, bias, scaling, activation,
     if bias is not None:
         z = z + bias.to(ct)
     y = _activation.apply(z, activation).to(x.dtype).contiguous()
-    preact = z.to(x.dtype).contiguous() if _stores_preact(activation, save_preact) else x.new_empty(0)
+    preact = z.to(x.dtype).contiguous() if _activation.stores_preactivation(activation, save_preact) else x.new_empty(0)
     return y, t.to(x.dtype).contiguous(), preact
 
 
@@ -137,7 +133,7 @@ def _lora_linear_reference(x, weight, lora_A, lora_B, bias, scaling, activation,
 def _lora_linear_fake(x, weight, lora_A, lora_B, bias, scaling, activation, dropout_p, seed, save_preact):
     lead = x.shape[:-1]
     y_shape = (*lead, weight.shape[0])
-    preact = x.new_empty(y_shape) if _stores_preact(activation, save_preact) else x.new_empty(0)
+    preact = x.new_empty(y_shape) if _activation.stores_preactivation(activation, save_preact) else x.new_empty(0)
     return x.new_empty(y_shape), x.new_empty((*lead, lora_A.shape[0])), preact
 
 
@@ -155,12 +151,7 @@ def _lora_linear_setup_context(ctx, inputs, output):
     y, t, preact = output
     ctx.mark_non_differentiable(t, preact)
     ctx.set_materialize_grads(False)  # t and preact never have a gradient: don't build zeros for them
-    if activation == "relu":
-        saved = y
-    elif activation in _activation.NEEDS_PREACTIVATION:
-        saved = preact if save_preact else None
-    else:
-        saved = None
+    saved = _activation.saved_for_backward(activation, y, preact, save_preact)
     ctx.activation = activation
     ctx.scaling = scaling
     ctx.dropout_p = dropout_p
@@ -172,11 +163,7 @@ def _lora_linear_autograd_backward(ctx, grad_y, grad_t, grad_preact):
         return (None,) * 10
     x, weight, lora_A, lora_B, t, saved, seed = ctx.saved_tensors
     activation = ctx.activation
-    if activation in _activation.NEEDS_PREACTIVATION and saved is None:
-        raise RuntimeError(
-            f"cutlass_ext.lora_linear: the backward of activation {activation!r} needs the pre-activation; "
-            "call the op with save_preact=True (cutlass_ext.lora_linear does this when grads are enabled)"
-        )
+    _activation.check_saved(activation, saved, "lora_linear")
     need_x, need_weight, need_A, need_B, need_bias = ctx.needs_input_grad[:5]
     grads = torch.ops.cutlass_ext._lora_linear_backward(
         grad_y, x, weight, lora_A, lora_B, t, saved, activation, ctx.scaling, ctx.dropout_p, seed,
@@ -267,11 +254,7 @@ def lora_linear(x, weight, lora_A, lora_B, bias=None, *, scaling, activation=Non
     check_lora_linear_args(x, weight, lora_A, lora_B, bias, scaling, dropout_p)
     p = float(dropout_p) if training else 0.0
     seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=x.device) if p > 0.0 else None
-    save_preact = (
-        act in _activation.NEEDS_PREACTIVATION
-        and torch.is_grad_enabled()
-        and any(v is not None and v.requires_grad for v in (x, weight, lora_A, lora_B, bias))
-    )
+    save_preact = _activation.wants_preactivation(act, x, weight, lora_A, lora_B, bias)
     y, _, _ = torch.ops.cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, float(scaling), act, p, seed,
                                                 save_preact)
     return y
