@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -20,7 +21,41 @@
 #include "common/activation.h"
 #include "common/types.h"
 
-#define CE_CHECK(cond, ...) TORCH_CHECK(cond, "cutlass_ext: ", __VA_ARGS__)
+namespace cutlass_ext::detail {
+
+// Error messages are built from text only: numbers go through std::to_string and shapes through
+// their own formatter, never through an std::ostream number inserter instantiated in this
+// library. Against the torch 2.11 wheels on an H200 machine such an inserter (any integer in a
+// message) crashed the process inside libstdc++'s locale code instead of raising the error.
+inline std::string message_piece(const char* s) { return s; }
+inline std::string message_piece(const std::string& s) { return s; }
+inline std::string message_piece(c10::string_view s) { return std::string(s); }
+inline std::string message_piece(c10::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t d = 0; d < sizes.size(); ++d) out += (d ? ", " : "") + std::to_string(sizes[d]);
+  return out + "]";
+}
+template <class T>
+std::string message_piece(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_arithmetic_v<T>) {
+    return std::to_string(v);
+  } else {
+    return c10::str(v);  // torch's types (dtypes, devices) print through torch's own code
+  }
+}
+
+template <class... Args>
+std::string message(const Args&... args) {
+  std::string out;
+  ((out += message_piece(args)), ...);
+  return out;
+}
+
+}  // namespace cutlass_ext::detail
+
+#define CE_CHECK(cond, ...) TORCH_CHECK(cond, ::cutlass_ext::detail::message("cutlass_ext: ", __VA_ARGS__))
 
 namespace cutlass_ext {
 
@@ -105,11 +140,7 @@ inline int64_t activation_code(c10::string_view name, const char* op) {
 }
 
 // "[8, 16]": a tensor's shape for error messages.
-inline std::string shape_str(const at::Tensor& t) {
-  std::string out = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
-  return out + "]";
-}
+inline std::string shape_str(const at::Tensor& t) { return detail::message_piece(t.sizes()); }
 
 inline int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
