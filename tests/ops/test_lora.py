@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -187,9 +186,6 @@ def test_dropout_p_one_drops_everything(device):
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_dropout_forward_and_backward(device, dtype_name, act):
-    if device == "cuda" and act == "relu" and os.environ.get("CUTLASS_EXT_GEMM_ARCH") == "sm80":
-        pytest.skip("Ampere path: the low-rank term plus bias is rounded to the input dtype before the epilogue "
-                    "adds it, and a ReLU mask within that rounding of zero flips (README: precision)")
     dtype = DTYPES[dtype_name]
     p = 0.3
     x = rand(3, 21, 72, device=device, dtype=dtype)
@@ -197,6 +193,12 @@ def test_dropout_forward_and_backward(device, dtype_name, act):
     grad_out = rand(3, 21, 40, device=device, dtype=dtype)
     seed = make_seed(device)
     keep = keep_mask(x, seed, p)
+    if act == "relu":
+        # Where the pre-activation is within the input dtype's rounding of zero, ReLU's mask is a
+        # coin toss for ours and torch's alike (and one flip moves dx by a whole gradient entry):
+        # no gradient flows from there.
+        z = ref_lora(*(v.double() for v in (x, weight, lora_A, lora_B, bias)), SCALING, "none", keep, p)
+        grad_out = grad_out.masked_fill(z.abs() < 1e-2 * z.std(), 0)
     with fp32_precision(dtype_name):
         ours_out, ours = grads_of(lambda *a: call_op(*a, act, p, seed)[0], [x, weight, lora_A, lora_B, bias],
                                   grad_out)
