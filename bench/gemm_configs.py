@@ -23,6 +23,9 @@ LLM = ((4096, 4096), (4096, 11008), (11008, 4096))
 SHAPE_SETS = {
     "large": [(m, k, n) for k, n in LLM for m in (2048, 4096, 8192, 16384)] + [(4096, 4096, 4096), (8192, 8192, 8192)],
     "small": [(m, k, n) for k, n in LLM for m in (1, 8, 16, 32, 64, 128, 256, 512)],
+    # Short K: LoRA's rank-r products (K = r) and narrow input layers.
+    "shortk": [(m, k, n) for k, n in ((16, 4096), (64, 4096), (16, 11008), (64, 11008), (16, 512))
+               for m in (2048, 8192, 32768)],
 }
 
 
@@ -35,8 +38,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    prefix = f"sm90_{args.dtype}_kk_bias_act_"
-    configs = [cfg for name, cfg in cutlass_ext.build().kernels() if name.startswith(prefix) and "_aux_" not in name]
+    # The Hopper CUTLASS kernels and the hand-written short-K one for this layout.
+    configs = [cfg for name, cfg in cutlass_ext.build().kernels()
+               if any(name.startswith(f"{family}_{args.dtype}_kk_bias_act_") for family in ("sm90", "lowk"))
+               and "_aux_" not in name]
     timer = Timer(iters=args.iters)
     ext = cutlass_ext.build()
     ext._configure_tuning("", False)  # an empty in-memory table: "default" is the heuristic
@@ -58,7 +63,9 @@ def main(argv=None) -> int:
 
         fns = {"cublaslt": lambda: torch._addmm_activation(b, x, w.t()), "default": default,
                "eager": lambda: torch.relu(torch.nn.functional.linear(x, w, b))}
-        fns.update({f"{cfg}/s{s}": ours(cfg, s) for cfg in configs for s in args.swizzles.split(",")})
+        # The short-K kernel holds K in shared memory (K <= 64).
+        usable = [cfg for cfg in configs if not (cfg.startswith("lowk") and k > 64)]
+        fns.update({f"{cfg}/s{s}": ours(cfg, s) for cfg in usable for s in args.swizzles.split(",")})
         with torch.no_grad():
             results = timer.median_us_many(fns)
         os.environ.pop("CUTLASS_EXT_GEMM_SWIZZLE", None)

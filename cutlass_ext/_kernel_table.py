@@ -120,9 +120,28 @@ SM80_CONFIGS = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class HandWrittenConfig:
+    """A GEMM kernel of this library's own (no CUTLASS mainloop) for a shape class CUTLASS's tiles
+    serve badly. One templated kernel reads every layout and epilogue its rows list, so each
+    dtype is one translation unit; it runs on every GEMM path (Ampere and Hopper)."""
+
+    name: str
+    family: str  # header gemm/<family>_gemm.cuh, namespace cutlass_ext::<family>
+    tile: tuple[int, int]
+    use: str
+    transposed = False
+
+
+# Short K: the product is a stream over C and D (LoRA's rank-r terms and merges, narrow input layers).
+LOWK_CONFIG = HandWrittenConfig("lowk_64x128", "lowk", (64, 128), use="K <= 64 (LoRA rank-r products and merges)")
+HAND_WRITTEN_CONFIGS = (LOWK_CONFIG,)
+
+
 def all_configs() -> tuple:
     """Every config of the table, in listing order."""
-    return SM90_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
+    return (SM90_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
+            + HAND_WRITTEN_CONFIGS)
 
 
 def config_names() -> list[str]:
@@ -145,12 +164,12 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 
 @dataclasses.dataclass(frozen=True)
 class GemmKernel:
-    family: str  # "sm90" | "sm80" | "simt"
+    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk")
     dtype: str
     a_major: str  # "k" | "m"
     b_major: str  # "k" | "n"
     aux: bool
-    config: GemmConfig | Cutlass2Config
+    config: GemmConfig | Cutlass2Config | HandWrittenConfig
     with_c: bool = False  # the epilogue adds beta * C (LoRA terms, in-place weight merges)
 
     @property
@@ -159,21 +178,41 @@ class GemmKernel:
         return f"{self.family}_{self.dtype}_{self.a_major}{self.b_major}_{epilogue}_{self.config.name}"
 
     @property
+    def hand_written(self) -> bool:
+        return isinstance(self.config, HandWrittenConfig)
+
+    @property
     def gemm_arch(self) -> int:
         """The GEMM path the kernel belongs to: 90 (CUTLASS 3.x, Hopper) or 80 (CUTLASS 2.x, run
-        on Ampere and Hopper alike; the exact-fp32 SIMT kernels are in it too)."""
-        return 90 if self.family == "sm90" else 80
+        on Ampere and Hopper alike; the exact-fp32 SIMT kernels are in it too); 0 for the
+        hand-written kernels, which serve both paths."""
+        return 0 if self.hand_written else 90 if self.family == "sm90" else 80
+
+    @property
+    def translation_unit(self) -> str:
+        """The generated .cu file (without suffix) that defines the kernel: its own for a CUTLASS
+        instantiation; one per family and dtype for the hand-written kernels."""
+        return f"{self.family}_{self.dtype}" if self.hand_written else self.name
 
     def gencodes(self, archs: tuple[str, ...]) -> list[str]:
         """nvcc -gencode flags for the build's target archs: wgmma needs the arch-specific
-        sm_90a; CUTLASS 2.x kernels are compiled from compute_80 for every target."""
+        sm_90a; CUTLASS 2.x and hand-written kernels are compiled from compute_80 for every target."""
         if self.family == "sm90":
             return ["-gencode=arch=compute_90a,code=sm_90a"] if "90a" in archs else []
         return [f"-gencode=arch=compute_80,code=sm_{'90' if a == '90a' else a}" for a in archs]
 
-    def source(self) -> str:
+    def header(self) -> str:
+        """The header that defines the kernel's bundle."""
+        return {"sm90": "gemm/sm90_gemm.cuh", "sm80": "gemm/sm80_gemm.cuh", "simt": "gemm/simt_gemm.cuh"}.get(
+            self.family, f"gemm/{self.family}_gemm.cuh")
+
+    def definition(self) -> str:
+        """The bundle alias and the entry points of the kernel (inside the generated namespace)."""
         element, size, _, _ = DTYPES[self.dtype]
         cfg = self.config
+        if self.hand_written:
+            return (f"using {self.name}_bundle = ::cutlass_ext::{self.family}::GemmBundle<{element}>;\n"
+                    f"CUTLASS_EXT_DEFINE_DIRECT_GEMM({self.name}, {self.name}_bundle)\n")
         if self.family == "sm90":
             tile_k = cfg.tile_k_bytes // size
             bundle = (
@@ -183,7 +222,6 @@ class GemmKernel:
                 f"{cfg.cluster_m}, {cfg.cluster_n}, ::cutlass_ext::sm90::{cfg.schedule}, "
                 f"::cutlass_ext::sm90::{cfg.scheduler}>"
             )
-            header = "gemm/sm90_gemm.cuh"
         else:
             (tm, tn), (wm, wn) = cfg.tile, cfg.warp
             tk = cfg.tile_k_bytes // size
@@ -192,34 +230,25 @@ class GemmKernel:
                     f"::cutlass_ext::simt::GemmBundle<{A_LAYOUT[self.a_major]}, {B_LAYOUT[self.b_major]}, "
                     f"{tm}, {tn}, {tk}, {wm}, {wn}, {cfg.stages}>"
                 )
-                header = "gemm/simt_gemm.cuh"
             else:
                 bundle = (
                     f"::cutlass_ext::sm80::GemmBundle<{element}, {A_LAYOUT[self.a_major]}, {B_LAYOUT[self.b_major]}, "
                     f"{tm}, {tn}, {tk}, {wm}, {wn}, {cfg.stages}>"
                 )
-                header = "gemm/sm80_gemm.cuh"
-        return (
-            BANNER
-            + f"// For: {cfg.use}\n"
-            + f'#include "{header}"\n\n'
-            + "namespace cutlass_ext::generated {\n"
-            + f"using {self.name}_bundle = {bundle};\n"
-            + f"CUTLASS_EXT_DEFINE_GEMM({self.name}, {self.name}_bundle)\n"
-            + "}  // namespace cutlass_ext::generated\n"
-        )
+        return f"using {self.name}_bundle = {bundle};\nCUTLASS_EXT_DEFINE_GEMM({self.name}, {self.name}_bundle)\n"
 
     def registry_row(self) -> str:
         _, _, dtype_enum, math_enum = DTYPES[self.dtype]
         cfg = self.config
-        tile_m, tile_n = (cfg.tile_m, cfg.tile_n) if self.family == "sm90" else cfg.tile
+        tile_m, tile_n = (cfg.tile_m, cfg.tile_n) if isinstance(cfg, GemmConfig) else cfg.tile
         stream_k = self.family == "sm90" and cfg.stream_k
         transposed = self.family == "sm90" and cfg.transposed
         a = "kK" if self.a_major == "k" else "kMN"
         b = "kK" if self.b_major == "k" else "kMN"
         return (
             f'    {{"{self.name}", DType::{dtype_enum}, MathMode::{math_enum}, Major::{a}, Major::{b}, '
-            f'{str(self.aux).lower()}, {str(self.with_c).lower()}, {self.gemm_arch}, "{cfg.name}", {tile_m}, {tile_n}, '
+            f'{str(self.aux).lower()}, {str(self.with_c).lower()}, {self.gemm_arch}, "{self.family}", "{cfg.name}", '
+            f'{tile_m}, {tile_n}, '
             f"{str(stream_k).lower()}, {str(transposed).lower()}, &generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
         )
 
@@ -266,7 +295,30 @@ def all_kernels() -> list[GemmKernel]:
     for a, b in itertools.product("km", "kn"):
         for cfg in SIMT_CONFIGS:
             kernels.append(GemmKernel("simt", "f32", a, b, False, cfg))
+    # Short K, 16-bit types: every layout (LoRA's merge reads an N-major lora_A), with C.
+    for dtype in ("bf16", "fp16"):
+        for a, b in itertools.product("km", "kn"):
+            for aux, with_c in ((False, False), (True, False), (False, True)):
+                if not (aux and a != "k"):
+                    kernels.append(GemmKernel("lowk", dtype, a, b, aux, LOWK_CONFIG, with_c=with_c))
     return kernels
+
+
+def translation_units(kernels: list[GemmKernel]) -> dict[str, str]:
+    """The generated .cu sources of ``kernels``, by file name without suffix."""
+    groups: dict[str, list[GemmKernel]] = {}
+    for kernel in kernels:
+        groups.setdefault(kernel.translation_unit, []).append(kernel)
+    sources = {}
+    for name, group in groups.items():
+        uses = "".join(dict.fromkeys(f"// For: {k.config.use}\n" for k in group))
+        sources[name] = (
+            BANNER + uses + f'#include "{group[0].header()}"\n\n'
+            + "namespace cutlass_ext::generated {\n"
+            + "".join(k.definition() for k in group)
+            + "}  // namespace cutlass_ext::generated\n"
+        )
+    return sources
 
 
 def select_kernels(patterns: str | None, archs: tuple[str, ...] | None = None) -> list[GemmKernel]:
@@ -296,7 +348,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "}  // namespace generated\n\n"
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
-        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, 0, 0, false, "
+        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, nullptr, 0, 0, false, "
         "false, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"

@@ -141,22 +141,29 @@ def test_cache_key_tracks_what_changes_the_binary():
 
 
 def test_build_tree(tmp_path):
-    config = _config(kernels=tuple(_kernel_table.select_kernels("sm90_bf16_kk,sm80_bf16_kk,simt_f32_kk")))
+    config = _config(kernels=tuple(_kernel_table.select_kernels("sm90_bf16_kk,sm80_bf16_kk,simt_f32_kk,lowk_bf16")))
     library = _build.write_build_tree(config, tmp_path)
     assert library == tmp_path / _build.LIBRARY_FILE
     ninja = (tmp_path / "build.ninja").read_text()
+    units = {k.translation_unit for k in config.kernels}
     for kernel in config.kernels:
-        source = (tmp_path / "gen" / f"{kernel.name}.cu").read_text()
+        source = (tmp_path / "gen" / f"{kernel.translation_unit}.cu").read_text()
         assert source.startswith(_kernel_table.BANNER)
-        assert f"build obj/{kernel.name}.o: nvcc {tmp_path / 'gen' / (kernel.name + '.cu')}" in ninja
+        assert source.count(f"DEFINE_GEMM({kernel.name},") + source.count(f"DEFINE_DIRECT_GEMM({kernel.name},") == 1
+        unit = kernel.translation_unit
+        assert f"build obj/{unit}.o: nvcc {tmp_path / 'gen' / (unit + '.cu')}" in ninja
+    # One file per CUTLASS instantiation; the hand-written kernels of a family and dtype share one.
+    assert units == {k.name for k in config.kernels if not k.hand_written} | {"lowk_bf16"}
+    assert sorted(p.stem for p in (tmp_path / "gen").glob("*.cu")) == sorted(units)
     static = _build.static_sources()
     assert "bindings/gemm.cpp" in static and "elementwise/activation_kernels.cu" in static
     hand_written_cu = [rel for rel in static if rel.endswith(".cu")]
     sm90 = [k for k in config.kernels if k.family == "sm90"]
     assert sm90 and len(sm90) < len(config.kernels)
     assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(sm90) + len(hand_written_cu)
-    # CUTLASS 2.x kernels (Ampere tensor cores, exact-fp32 SIMT) are compiled from compute_80.
-    assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(config.kernels) - len(sm90)
+    # CUTLASS 2.x kernels (Ampere tensor cores, exact-fp32 SIMT) and the hand-written GEMMs are
+    # compiled from compute_80.
+    assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(units) - len(sm90)
     for rel in static:
         rule = "nvcc" if rel.endswith(".cu") else "cxx"
         assert f"build obj/{rel.replace('/', '_').rsplit('.', 1)[0]}.o: {rule}" in ninja
@@ -169,13 +176,14 @@ def test_build_tree(tmp_path):
 
 def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
     kernels = _kernel_table.select_kernels("", ("80",))
-    assert kernels and {k.family for k in kernels} == {"sm80", "simt"}
+    assert kernels and {k.family for k in kernels} == {"sm80", "simt", "lowk"}
     assert {k.dtype for k in kernels if k.family == "sm80"} == {"bf16", "fp16", "tf32"}
     config = _config(archs=("80",), kernels=tuple(kernels))
     _build.write_build_tree(config, tmp_path)
     ninja = (tmp_path / "build.ninja").read_text()
     assert "compute_90a" not in ninja and "sm_90" not in ninja
-    assert ninja.count("-gencode=arch=compute_80,code=sm_80") == len(kernels) + sum(
+    units = {k.translation_unit for k in kernels}
+    assert ninja.count("-gencode=arch=compute_80,code=sm_80") == len(units) + sum(
         rel.endswith(".cu") for rel in _build.static_sources())
     # A build for both targets compiles CUTLASS 2.x kernels for each.
     both = _kernel_table.select_kernels("sm80_fp16_kk", ("90a", "80"))
@@ -190,9 +198,12 @@ def test_selective_build_and_kernel_table():
     assert picked and all("fp16" in k.name or "simt" in k.name for k in picked)
     assert _kernel_table.select_kernels("nothing-matches") == []
     assert "kNumGemmKernels = 0" in _kernel_table.registry_source([])
+    sources = _kernel_table.translation_units(_kernel_table.all_kernels())
     for kernel in _kernel_table.all_kernels():
         assert not (kernel.aux and kernel.a_major != "k")
-        assert f"CUTLASS_EXT_DEFINE_GEMM({kernel.name}," in kernel.source()
+        macro = "CUTLASS_EXT_DEFINE_DIRECT_GEMM" if kernel.hand_written else "CUTLASS_EXT_DEFINE_GEMM"
+        assert f"{macro}({kernel.name}," in sources[kernel.translation_unit]
+        assert kernel.gemm_arch == (0 if kernel.hand_written else 90 if kernel.family == "sm90" else 80)
 
 
 def _toolchain_available() -> bool:

@@ -90,7 +90,7 @@ std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode 
     const GemmKernelEntry& e = kGemmKernels[i];
     // Exact fp32 has one (CUTLASS 2.x SIMT) path on every arch, and every CUTLASS 2.x kernel
     // (arch 80) can read a C source.
-    const bool arch_ok = math == MathMode::kExactF32 || e.arch == arch;
+    const bool arch_ok = math == MathMode::kExactF32 || e.arch == arch || e.arch == 0;
     const bool source_ok = e.source == with_c || (with_c && e.arch == 80);
     if (arch_ok && source_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
         e.aux == aux && e.transposed == transposed) {
@@ -107,8 +107,9 @@ int gemm_arch_for(const GemmOptions& opts, int device) {
   int arch = opts.gemm_arch != 0 ? opts.gemm_arch : major >= 9 ? 90 : 80;
   if (!opts.config.empty()) {
     for (int i = 0; i < kNumGemmKernels; ++i) {
-      if (opts.config == kGemmKernels[i].config && kGemmKernels[i].math == MathMode::kTensorOp) {
-        arch = kGemmKernels[i].arch;
+      const GemmKernelEntry& e = kGemmKernels[i];
+      if (opts.config == e.config && e.math == MathMode::kTensorOp && e.arch != 0) {
+        arch = e.arch;
         break;
       }
     }
@@ -126,23 +127,43 @@ int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_
 
 // Rows up to which the transposed product is preferred (when such kernels are built).
 constexpr int64_t kTransposedMaxM = 256;
+// The hand-written short-K kernel holds all of K in shared memory (K <= 64); it is preferred up to
+// K = 32. Measured on an H200 (bench/gemm_configs.py --set shortk): at K = 16 it beat every CUTLASS
+// config by 1.2-1.5x; at K = 64 the 64x128 ping-pong CUTLASS tile was up to 1.3x faster from
+// 8192 rows on.
+constexpr int64_t kLowKMaxK = 64;
+constexpr int64_t kLowKPreferredMaxK = 32;
+
+bool is_lowk(const GemmKernelEntry& e) { return std::string(e.family) == "lowk"; }
+
+// Whether a kernel can run a product of depth K.
+bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
 
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
-                                     int64_t L, int sms, const std::string& config) {
+                                     int64_t K, int64_t L, int sms, const std::string& config) {
   if (!config.empty()) {
     std::string names;
     for (const GemmKernelEntry* e : candidates) {
       if (config == e->config) return e;
       names += std::string(" ") + e->config;
     }
-    CE_CHECK(false, "config '", config, "' is not built for this dtype, layout and epilogue; built:", names);
+    CE_CHECK(false, "config '", config, "' is not built for this dtype, layout and epilogue and shape; built:", names);
   }
+  // A short K makes the product a stream over C and D: the hand-written kernel's case.
+  for (const GemmKernelEntry* e : candidates) {
+    if (is_lowk(*e) && K <= kLowKPreferredMaxK) return e;
+  }
+  std::vector<const GemmKernelEntry*> cutlass;
+  for (const GemmKernelEntry* e : candidates) {
+    if (!is_lowk(*e)) cutlass.push_back(e);
+  }
+  if (cutlass.empty()) return candidates.front();
   // Few rows: the transposed kernel with the narrowest tile that takes them in at most two
   // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
   // the SMs or it splits K (a narrow N with a long K, like a weight gradient, goes to split-K).
   if (M <= kTransposedMaxM) {
     const GemmKernelEntry* best = nullptr;
-    for (const GemmKernelEntry* e : candidates) {
+    for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
     }
     if (best != nullptr && (best->stream_k || output_tiles(*best, M, N, L) * 4 >= sms)) return best;
@@ -152,10 +173,10 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // splits the K loop to occupy every SM. Transposed kernels take part only when nothing else
   // reads the layout (TF32 with an N-major B).
   const bool only_transposed =
-      std::all_of(candidates.begin(), candidates.end(), [](const GemmKernelEntry* e) { return e->transposed; });
+      std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
   const GemmKernelEntry* best_dp = nullptr;
   const GemmKernelEntry* best_sk = nullptr;
-  for (const GemmKernelEntry* e : candidates) {
+  for (const GemmKernelEntry* e : cutlass) {
     if (e->transposed != only_transposed) continue;
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
@@ -347,8 +368,14 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const bool kernel_aux = aux && math == MathMode::kTensorOp && !with_c && arch == 90;
   auto major_a = [&] { return va.y_contiguous ? Major::kK : Major::kMN; };
   auto major_b = [&] { return vb.y_contiguous ? Major::kMN : Major::kK; };
+  // The short-K kernel takes part only when K fits it.
+  auto usable = [&](std::vector<const GemmKernelEntry*> v) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const GemmKernelEntry* e) { return !runs_depth(*e, Kp); }),
+            v.end());
+    return v;
+  };
   std::vector<const GemmKernelEntry*> candidates =
-      kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false);
+      usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false));
   // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
   std::vector<const GemmKernelEntry*> transposed;
   if (!with_c) transposed = kernels_for(arch, dt, math, major_b(), major_a(), kernel_aux, false, true);
@@ -357,7 +384,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     // selective build): copy the MN-major operands to K-major, which every build has.
     if (major_a() != Major::kK) copy_a_k_major();
     if (major_b() != Major::kK) copy_b_k_major();
-    candidates = kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false);
+    candidates = usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false));
   }
   if (candidates.empty() && with_c) {
     // No C-source kernel in this (selective) build: the product, then the sum.
@@ -477,7 +504,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
       tuning::record(key, kernel->config);
     }
   }
-  if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, L, p.sm_count, opts.config);
+  if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, Kp, L, p.sm_count, opts.config);
   launch(*kernel, configure(*kernel));
   if (split_activation) run_activation(z, d, activation, stream);
 

@@ -59,7 +59,8 @@ struct GemmKernelEntry {
   Major b_major;
   bool aux;            // epilogue also stores the pre-activation
   bool source;         // epilogue adds beta * C
-  int arch;            // GEMM path: 90 (CUTLASS 3.x, Hopper) or 80 (CUTLASS 2.x: Ampere, and exact fp32)
+  int arch;            // GEMM path: 90 (CUTLASS 3.x, Hopper), 80 (CUTLASS 2.x: Ampere, and exact fp32) or 0 (both)
+  const char* family;  // "sm90", "sm80", "simt", or "lowk" (hand-written, short K)
   const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
   int tile_m, tile_n;
   bool stream_k;
@@ -67,6 +68,15 @@ struct GemmKernelEntry {
   GemmWorkspaceFn workspace_size;
   GemmRunFn run;
 };
+
+// Entry points of a hand-written kernel; `Bundle` provides workspace_size(p) and run(p, workspace,
+// stream) (the CUTLASS instantiations use CUTLASS_EXT_DEFINE_GEMM of gemm/launcher.cuh).
+#define CUTLASS_EXT_DEFINE_DIRECT_GEMM(NAME, BUNDLE)                                          \
+  size_t NAME##_workspace_size(::cutlass_ext::GemmParams const& p) { return BUNDLE::workspace_size(p); } \
+  ::cutlass_ext::LaunchResult NAME##_run(::cutlass_ext::GemmParams const& p, void* workspace,  \
+                                         cudaStream_t stream) {                                \
+    return BUNDLE::run(p, workspace, stream);                                                  \
+  }
 
 // Defined in the generated registry translation unit.
 extern const GemmKernelEntry kGemmKernels[];

@@ -186,10 +186,11 @@ def backward_work(device, run, monkeypatch):
         run()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    gemms = sum("GemmUniversal" in n for n in names)
+    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel")
+    gemms = sum(any(k in n for k in gemm_kernels) for n in names)
     act_grads = sum("act_grad_kernel" in n for n in names)
     # FillFunctor: the tests' CUTLASS_EXT_POISON_OUTPUTS NaN-fills every output before its kernel.
-    others = [n for n in names if not any(k in n for k in ("GemmUniversal", "act_grad_kernel", "bias_grad_finalize",
+    others = [n for n in names if not any(k in n for k in (*gemm_kernels, "act_grad_kernel", "bias_grad_finalize",
                                                             "Memset", "FillFunctor"))]
     return gemms, act_grads, others
 
@@ -406,6 +407,8 @@ def _kernel_inputs(kernel, device):
     # B^T A^T: its first operand is the caller's B, its second the caller's A, and M is its
     # narrow (and here partial) tile.
     m, k, n = (37, 264, 392) if kernel.config.transposed else (304, 264, 392)
+    if kernel.family == "lowk":
+        k = 40  # K <= 64, not a multiple of its 16-deep MMA step
     a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
     A = rand(m, k, device=device, dtype=dtype) if a_major == "k" else rand(k, m, device=device, dtype=dtype).t()
     B = make_b(k, n, "weight_t" if b_major == "k" else "kn", device, dtype)
@@ -442,6 +445,88 @@ def test_every_kernel(name, monkeypatch):
             y, _ = torch.ops.cutlass_ext.linear(A, B, bias, "gelu", False)
         peer = peer_linear(A, B, bias, "gelu")
     assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), peer, dtype_name)
+
+
+# ------------------------------------------------------------------------------------------------
+# The hand-written short-K kernel (lowk: K <= 64 on mma.sync)
+
+
+def _gemm_kernels_run(fn):
+    """(fn(), names of the GEMM kernels it launched)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
+    return out, names
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,k,n,hand_written", [(300, 16, 392, True), (8, 32, 392, True), (300, 40, 392, False)])
+def test_heuristic_takes_the_short_k_kernel_where_it_applies(m, k, n, hand_written):
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
+    y, names = _gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, relu=True))
+    assert len(names) == 1, names
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
+    assert ("lowk_gemm_kernel" in names[0]) == hand_written, names
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+@pytest.mark.parametrize("layouts", ["kk", "kn", "mk", "mn"])
+@pytest.mark.parametrize("k", [8, 24, 64])
+def test_lowk_kernel(dtype_name, layouts, k, monkeypatch):
+    # M = 136 and N = 200 end in partial 64x128 tiles; K is padded to the 16-deep MMA step inside.
+    # Above K = 32 the heuristic prefers CUTLASS, so the kernel is forced there.
+    if k > 32:
+        monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", "lowk_64x128")
+    dtype = DTYPES[dtype_name]
+    m, n = 136, 200
+    A = rand(m, k, device="cuda", dtype=dtype) if layouts[0] == "k" else rand(k, m, device="cuda", dtype=dtype).t()
+    B = make_b(k, n, "weight_t" if layouts[1] == "k" else "kn", "cuda", dtype)
+    bias = rand(n, device="cuda", dtype=dtype)
+    (y, z), names = _gemm_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "silu", True))
+    assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
+    assert_close_to_reference(y, ref_linear(A, B, bias, "silu"), peer_linear(A, B, bias, "silu"), dtype_name)
+    assert_close_to_reference(z, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"), dtype_name,
+                              what="aux")
+    # With C, in place: W += s * A @ B (a LoRA merge: lora_B is A, lora_A is B).
+    W = rand(m, n, device="cuda", dtype=dtype)
+    W0, ptr = W.clone(), W.data_ptr()
+    _, names = _gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, B, A, -0.75))
+    assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
+    assert W.data_ptr() == ptr
+    assert_close_to_reference(W, W0.double() - 0.75 * (A.double() @ B.double()), torch.addmm(W0, A, B, alpha=-0.75),
+                              dtype_name, what="merged W")
+
+
+@requires_cuda
+def test_lowk_kernel_batched():
+    A = rand(3, 100, 32, device="cuda", dtype=torch.bfloat16)
+    B = rand(3, 32, 264, device="cuda", dtype=torch.bfloat16, scale=32 ** -0.5)
+    out, names = _gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
+    assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
+    assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
+
+
+@requires_cuda
+def test_cuda_kernel_errors_with_numbers_raise():
+    # The CUDA kernels' own checks (reached by calling the op directly, past the Python checks)
+    # put sizes in their messages; they must raise, not crash the process.
+    A = rand(16, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"bias must be a \[24\] "):
+        torch.ops.cutlass_ext.linear(A, rand(32, 24, device="cuda", dtype=torch.bfloat16),
+                                     rand(23, device="cuda", dtype=torch.bfloat16), "none", False, None)
+    with pytest.raises(RuntimeError, match=r"shapes \[16, 32\] and \[31, 24\] cannot be multiplied"):
+        torch.ops.cutlass_ext.matmul(A, rand(31, 24, device="cuda", dtype=torch.bfloat16), None)
+
+
+@requires_cuda
+def test_lowk_config_rejects_long_k():
+    A = rand(64, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="lowk_64x128' is not built for this dtype, layout and epilogue and shape"):
+        cutlass_ext.linear(A, A.t(), config="lowk_64x128")
 
 
 @requires_cuda
