@@ -23,15 +23,14 @@ constexpr int kTileM = 64, kTileN = 128, kMaxK = 64;
 constexpr int kThreads = 256;             // 8 warps: 2 along M x 4 along N, 32x32 outputs each
 constexpr int kOperandStride = kMaxK + 8;  // shared rows of A and B^T, padded against bank conflicts
 constexpr int kAccStride = kTileN + 8;     // fp32 staging rows
-constexpr int kVec = 8;                    // 16-bit elements per 16-byte operand access
-// The epilogue gives each lane 4 adjacent columns (one 16-byte read of the fp32 staging tile, 8-byte
-// accesses to C and D): a warp reads one 512-byte staging row without bank conflicts and writes
-// 256 contiguous bytes of D. (Eight columns per lane made the staging reads 8-way conflicted and
-// the epilogue, not memory, set the speed.)
-constexpr int kOutVec = 4;
-constexpr int kLanesPerRow = kTileN / kOutVec;                  // 32
-constexpr int kRowsPerPass = kThreads / kLanesPerRow;           // 8
-constexpr int kPasses = kTileM / kRowsPerPass;                  // 8
+constexpr int kVec = 8;                    // 16-bit elements per 16-byte access
+// The epilogue gives each lane 8 adjacent columns (16-byte accesses to C and D): 16 lanes per
+// row, 16 rows per pass, 4 passes. A lane reads its 8 fp32 sums as two 16-byte chunks of the
+// staging row, the even chunk first in lanes 0-3 of each group of 8 and the odd one first in
+// lanes 4-7, so that every 8-lane phase of a read touches 32 distinct banks.
+constexpr int kLanesPerRow = kTileN / kVec;               // 16
+constexpr int kRowsPerPass = kThreads / kLanesPerRow;     // 16
+constexpr int kPasses = kTileM / kRowsPerPass;            // 4
 
 template <class T>
 struct alignas(16) Operands {
@@ -113,19 +112,20 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
   const int64_t l = blockIdx.z;
   const int rows = min(kTileM, p.M - m0), cols = min(kTileN, p.N - n0);
-  // Epilogue accesses of this thread: rows e_row + 8 * pass, columns e_col .. e_col + 3.
-  const int e_col = (threadIdx.x % kLanesPerRow) * kOutVec;
+  // Epilogue accesses of this thread: rows e_row + 16 * pass, columns e_col .. e_col + 7.
+  const int e_col = (threadIdx.x % kLanesPerRow) * kVec;
   const int e_row = threadIdx.x / kLanesPerRow;
+  const bool e_live = e_col < cols;
 
   // The C tile streams in while the operands load and multiply.
-  Pack<T, kOutVec> c_tile[kPasses];
+  Pack<T, kVec> c_tile[kPasses];
   const T* C = static_cast<const T*>(p.C);
-  if (C != nullptr) {
-    const T* c_base = C + l * p.c_stride_l + int64_t(m0 + e_row) * p.c_stride_m + n0 + e_col;
+  if (C != nullptr && e_live) {
+    const T* c_row = C + l * p.c_stride_l + int64_t(m0 + e_row) * p.c_stride_m + n0 + e_col;
+    const int64_t c_step = int64_t(kRowsPerPass) * p.c_stride_m;
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int r = e_row + i * kRowsPerPass;
-      if (r < rows && e_col < cols) c_tile[i] = load_pack<T, kOutVec>(c_base + int64_t(i * kRowsPerPass) * p.c_stride_m);
+    for (int i = 0; i < kPasses; ++i, c_row += c_step) {
+      if (e_row + i * kRowsPerPass < rows) c_tile[i] = load_pack<T, kVec>(c_row);
     }
   }
 
@@ -174,28 +174,35 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   }
   __syncthreads();
 
-  if (e_col >= cols) return;
-  float bias[kOutVec] = {};
-  if (p.bias != nullptr) load_vec<T, kOutVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
+  if (!e_live) return;
+  float bias[kVec] = {};
+  if (p.bias != nullptr) load_vec<T, kVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
   const float alpha = p.alpha, beta = p.beta;
+  const bool odd_first = (threadIdx.x >> 2) & 1;
+  // Row pointers stepped per pass (the aux one only when there is an aux output: it starts null).
+  const bool has_aux = p.aux != nullptr;
+  T* d_row = static_cast<T*>(p.D) + l * p.d_stride_l + int64_t(m0 + e_row) * p.d_stride_m + n0 + e_col;
+  T* aux_row = has_aux ? static_cast<T*>(p.aux) + l * p.aux_stride_l + int64_t(m0 + e_row) * p.aux_stride_m + n0 + e_col
+                       : nullptr;
+  const int64_t d_step = int64_t(kRowsPerPass) * p.d_stride_m;
+  const int64_t aux_step = has_aux ? int64_t(kRowsPerPass) * p.aux_stride_m : 0;
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
+  for (int i = 0; i < kPasses; ++i, d_row += d_step, aux_row += aux_step) {
     const int r = e_row + i * kRowsPerPass;
     if (r >= rows) break;
-    const int64_t m = m0 + r;
-    const float4 acc4 = *reinterpret_cast<const float4*>(&smem.acc[r][e_col]);
-    const float sums[kOutVec] = {acc4.x, acc4.y, acc4.z, acc4.w};
-    float v[kOutVec], y[kOutVec];
+    const float4* staged = reinterpret_cast<const float4*>(&smem.acc[r][e_col]);
+    const float4 first = staged[odd_first ? 1 : 0], second = staged[odd_first ? 0 : 1];
+    const float4 lo = odd_first ? second : first, hi = odd_first ? first : second;
+    const float sums[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float v[kVec], y[kVec];
 #pragma unroll
-    for (int j = 0; j < kOutVec; ++j) {
+    for (int j = 0; j < kVec; ++j) {
       v[j] = alpha * sums[j] + bias[j];
       if (C != nullptr) v[j] += beta * float(c_tile[i].v[j]);
       y[j] = act::forward(kAct, v[j]);
     }
-    if (p.aux != nullptr) {
-      store_vec<T, kOutVec>(static_cast<T*>(p.aux) + l * p.aux_stride_l + m * p.aux_stride_m + n0 + e_col, v);
-    }
-    store_vec<T, kOutVec>(static_cast<T*>(p.D) + l * p.d_stride_l + m * p.d_stride_m + n0 + e_col, y);
+    if (has_aux) store_vec<T, kVec>(aux_row, v);
+    store_vec<T, kVec>(d_row, y);
   }
 }
 
