@@ -322,7 +322,18 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
 
+    # The hand-written sources are listed (and so scheduled by ninja) first: they take 5-36 s each,
+    # and started last, as they were, they left most cores idle in the build's final half minute
+    # (a replay of a full H200 build's ninja log: 240 s as listed before, 234 s this way).
     objects, rules = [], []
+    for rel in static_sources():
+        src = CSRC_DIR / rel
+        obj = "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
+        if src.suffix == ".cu":
+            rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(gencode_flags(config.archs))}\n")
+        else:
+            rules.append(f"build {obj}: cxx {src}\n")
+        objects.append(obj)
     first_kernel = {}
     for kernel in config.kernels:
         first_kernel.setdefault(kernel.translation_unit, kernel)
@@ -336,14 +347,6 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
     write_if_changed(registry, _kernel_table.registry_source(list(config.kernels)))
     rules.append(f"build obj/gemm_registry.o: cxx {registry}\n")
     objects.append("obj/gemm_registry.o")
-    for rel in static_sources():
-        src = CSRC_DIR / rel
-        obj = "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
-        if src.suffix == ".cu":
-            rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(gencode_flags(config.archs))}\n")
-        else:
-            rules.append(f"build {obj}: cxx {src}\n")
-        objects.append(obj)
 
     nvcc = config.cuda_home / "bin" / "nvcc"
     cxx = os.environ.get("CXX", "c++")
