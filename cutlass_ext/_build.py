@@ -236,6 +236,9 @@ class BuildConfig:
     torch_library_dirs: tuple[str, ...]
     cxx11_abi: bool
     python_include: str
+    # Test builds (CUTLASS_EXT_CPU_AUTOGRAD=1): the C++ autograd nodes also serve CPU tensors, so
+    # that a machine without a GPU can run them against the reference kernels.
+    cpu_autograd: bool = False
 
     @classmethod
     def from_environment(cls, device_capability: tuple[int, int] | None = None) -> "BuildConfig":
@@ -258,6 +261,7 @@ class BuildConfig:
             torch_library_dirs=tuple(cpp_extension.library_paths()),
             cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
             python_include=sysconfig.get_paths()["include"],
+            cpu_autograd=os.environ.get("CUTLASS_EXT_CPU_AUTOGRAD", "") == "1",
         )
 
     def nvcc_flags(self) -> list[str]:
@@ -280,6 +284,8 @@ class BuildConfig:
         flags += [f"-isystem{d}" for d in self.torch_include_dirs]
         if self.debug:
             flags.append("-g")
+        if self.cpu_autograd:
+            flags.append("-DCUTLASS_EXT_AUTOGRAD_ON_CPU")
         return flags
 
     def ldflags(self) -> list[str]:

@@ -139,6 +139,22 @@ inline int64_t activation_code(c10::string_view name, const char* op) {
   return 0;
 }
 
+// What the backward of act reads (autograd of linear and lora_linear, as ops/_activation.py's
+// saved_for_backward): y for relu, the stored pre-activation for the activations that need it
+// (undefined when it was not stored), nothing otherwise.
+inline at::Tensor activation_saved_tensor(int code, const at::Tensor& y, const at::Tensor& preact, bool save_preact) {
+  if (code == int(Activation::kRelu)) return y;
+  if (act::needs_preactivation(code) && save_preact) return preact;
+  return at::Tensor();
+}
+
+// The backward of an op whose forward did not store the pre-activation it needs fails clearly.
+inline void check_activation_saved(int code, const at::Tensor& saved, const std::string& activation, const char* op) {
+  CE_CHECK(!act::needs_preactivation(code) || saved.defined(), op, ": the backward of activation '", activation,
+           "' needs the pre-activation; call the op with save_preact=True (cutlass_ext.", op,
+           " does this when grads are enabled)");
+}
+
 // "[8, 16]": a tensor's shape for error messages.
 inline std::string shape_str(const at::Tensor& t) { return detail::message_piece(t.sizes()); }
 

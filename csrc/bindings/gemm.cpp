@@ -687,13 +687,7 @@ class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
     }
     ctx->mark_non_differentiable({z});
     ctx->set_materialize_grads(false);
-    const int code = int(activation_code(activation, "linear"));
-    at::Tensor saved;
-    if (code == int(Activation::kRelu)) {
-      saved = y;
-    } else if (act::needs_preactivation(code) && save_preact) {
-      saved = z;
-    }
+    const at::Tensor saved = activation_saved_tensor(int(activation_code(activation, "linear")), y, z, save_preact);
     ctx->saved_data["activation"] = activation;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     // dB comes back in B's layout: transposed when B is the transpose of a row-major [N, K] weight.
@@ -714,10 +708,7 @@ class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
     if (!grad_y.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
     const std::string activation = ctx->saved_data["activation"].toStringRef();
-    const int code = int(activation_code(activation, "linear"));
-    CE_CHECK(!act::needs_preactivation(code) || saved[2].defined(), "linear: the backward of activation '",
-             activation, "' needs the pre-activation; call the op with save_preact=True ",
-             "(cutlass_ext.linear does this when grads are enabled)");
+    check_activation_saved(int(activation_code(activation, "linear")), saved[2], activation, "linear");
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const bool need_a = ctx->needs_input_grad(0), need_b = ctx->needs_input_grad(1);
     const bool need_bias = has_bias && ctx->needs_input_grad(2);
