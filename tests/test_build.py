@@ -218,7 +218,7 @@ def _toolchain_available() -> bool:
 
 
 # Run in the built library's process (CUTLASS_EXT_CPU_AUTOGRAD=1): the C++ autograd nodes of
-# softmax, layer_norm, bias_act and lora_linear (which serve CUDA tensors) run here on CPU tensors,
+# softmax, layer_norm, bias_act, lora_linear and linear (which serve CUDA tensors) run here on CPU tensors,
 # with the reference kernels, against the same math written with torch ops in float64. Optional
 # inputs are left out in some calls: an absent one shifts the autograd edges of those after it.
 CPU_AUTOGRAD_CHECK = """
@@ -253,6 +253,9 @@ W, A, B, lb = torch.randn(5, 10), torch.randn(4, 10), torch.randn(5, 4), torch.r
 for bias in (lb, None):
     check("lora_linear", lambda x, W, A, B, b: cutlass_ext.lora_linear(x, W, A, B, b, scaling=0.5, activation="silu"),
           lambda x, W, A, B, b: F.silu(F.linear(x, W, b) + 0.5 * F.linear(F.linear(x, A), B)), [x, W, A, B, bias])
+for bias, act in ((lb, "gelu"), (None, "relu")):
+    check("linear", lambda x, W, b: cutlass_ext.linear(x, W.t(), b, activation=act),
+          lambda x, W, b: _activation.apply(F.linear(x, W, b), act), [x, W, bias])
 print("C++ autograd on CPU: ok")
 """
 

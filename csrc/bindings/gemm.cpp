@@ -744,3 +744,10 @@ TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
 TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCUDA, m) {
   m.impl("linear", &cutlass_ext::linear_autograd);
 }
+
+#ifdef CUTLASS_EXT_AUTOGRAD_ON_CPU
+// Test builds only (CUTLASS_EXT_CPU_AUTOGRAD=1): the node for CPU tensors too (bindings/autograd.cpp).
+TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCPU, m) {
+  m.impl("linear", &cutlass_ext::linear_autograd);
+}
+#endif
