@@ -1,7 +1,7 @@
-// Autograd of softmax, layer_norm, bias_act and lora_linear for CUDA tensors, in C++ (linear's is
-// in gemm.cpp). The Python autograd of these ops (register_autograd in cutlass_ext/ops/) costs
-// ~40 us of host time per call, and its backward takes the GIL on autograd's device thread; these
-// nodes do the same work without the interpreter. Each mirrors the setup_context/backward pair of
+// Autograd of linear, lora_linear, softmax, layer_norm and bias_act for CUDA tensors, in C++. The
+// Python autograd of these ops (register_autograd in cutlass_ext/ops/) costs ~40 us of host time
+// per call, and its backward takes the GIL on autograd's device thread, which cost more than the
+// kernels on small layers; these nodes do the same work without the interpreter. Each mirrors the setup_context/backward pair of
 // its Python twin, which still serves CPU tensors and the CUDA calls made before this library is
 // loaded; both call the same ops through the dispatcher.
 #include <torch/csrc/autograd/custom_function.h>
@@ -41,6 +41,65 @@ bool needs_grad(AutogradContext* ctx, std::initializer_list<bool> present) {
   size_t edge = 0;
   for (auto it = present.begin(); it + 1 != present.end(); ++it) edge += *it ? 1 : 0;
   return ctx->needs_input_grad(edge);
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear: the pre-activation output has no gradient; dB comes back in B's layout.
+
+class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, const OptTensor& bias,
+                               const std::string& activation, bool save_preact,
+                               const c10::optional<std::string>& config) {
+    static const auto op =
+        op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                                     c10::string_view, bool, c10::optional<c10::string_view>)>(
+            "cutlass_ext::linear");
+    at::Tensor y, z;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::optional<c10::string_view> config_view;
+      if (config.has_value()) config_view = c10::string_view(*config);
+      std::tie(y, z) = op.call(a, b, bias, activation, save_preact, config_view);
+    }
+    ctx->mark_non_differentiable({z});
+    ctx->set_materialize_grads(false);
+    const at::Tensor saved = activation_saved_tensor(int(activation_code(activation, "linear")), y, z, save_preact);
+    ctx->saved_data["activation"] = activation;
+    ctx->saved_data["has_bias"] = defined(bias);
+    // dB comes back in B's layout: transposed when B is the transpose of a row-major [N, K] weight.
+    ctx->saved_data["b_is_weight_t"] = b.sym_stride(0) == 1 && b.sym_stride(1) != 1;
+    ctx->save_for_backward({a, b, saved});
+    return {y, z};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = op_handle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             const OptTensor&, c10::string_view, bool, bool, bool, bool)>(
+        "cutlass_ext::_linear_backward");
+    variable_list out(6);
+    if (!grads[0].defined()) return out;
+    const auto saved = ctx->get_saved_variables();
+    const std::string activation = ctx->saved_data["activation"].toStringRef();
+    check_activation_saved(int(activation_code(activation, "linear")), saved[2], activation, "linear");
+    const bool need_a = ctx->needs_input_grad(0), need_b = ctx->needs_input_grad(1);
+    const bool need_bias = needs_grad(ctx, {true, true, ctx->saved_data["has_bias"].toBool()});
+    auto [grad_a, grad_b, grad_bias] = op.call(grads[0], saved[0], saved[1], optional_of(saved[2]), activation, need_a,
+                                               need_b, need_bias, ctx->saved_data["b_is_weight_t"].toBool());
+    if (need_a) out[0] = grad_a;
+    if (need_b) out[1] = grad_b;
+    if (need_bias) out[2] = grad_bias;
+    return out;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> linear_autograd(const at::Tensor& a, const at::Tensor& b, const OptTensor& bias,
+                                                   c10::string_view activation, bool save_preact,
+                                                   c10::optional<c10::string_view> config) {
+  c10::optional<std::string> config_str;
+  if (config.has_value()) config_str = std::string(*config);
+  auto out = LinearAutograd::apply(a, b, bias, std::string(activation), save_preact, config_str);
+  return {out[0], out[1]};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -243,20 +302,24 @@ Tensor3 lora_linear_autograd(const at::Tensor& x, const at::Tensor& weight, cons
 }  // namespace
 }  // namespace cutlass_ext
 
-TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCUDA, m) {
-  m.impl("softmax", &cutlass_ext::softmax_autograd);
-  m.impl("layer_norm", &cutlass_ext::layer_norm_autograd);
-  m.impl("bias_act", &cutlass_ext::bias_act_autograd);
-  m.impl("lora_linear", &cutlass_ext::lora_linear_autograd);
+namespace cutlass_ext {
+namespace {
+
+void register_nodes(torch::Library& m) {
+  m.impl("linear", &linear_autograd);
+  m.impl("lora_linear", &lora_linear_autograd);
+  m.impl("softmax", &softmax_autograd);
+  m.impl("layer_norm", &layer_norm_autograd);
+  m.impl("bias_act", &bias_act_autograd);
 }
+
+}  // namespace
+}  // namespace cutlass_ext
+
+TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCUDA, m) { cutlass_ext::register_nodes(m); }
 
 #ifdef CUTLASS_EXT_AUTOGRAD_ON_CPU
 // Test builds only (CUTLASS_EXT_CPU_AUTOGRAD=1): the same nodes for CPU tensors, where they run
 // the reference kernels, so that a machine without a GPU tests them.
-TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCPU, m) {
-  m.impl("softmax", &cutlass_ext::softmax_autograd);
-  m.impl("layer_norm", &cutlass_ext::layer_norm_autograd);
-  m.impl("bias_act", &cutlass_ext::bias_act_autograd);
-  m.impl("lora_linear", &cutlass_ext::lora_linear_autograd);
-}
+TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCPU, m) { cutlass_ext::register_nodes(m); }
 #endif

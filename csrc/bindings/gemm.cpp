@@ -1,14 +1,13 @@
-// Host binding of the GEMM ops: the CUDA kernels (and the CUDA autograd of linear) of
-// torch.ops.cutlass_ext.linear, matmul, _act_grad and _linear_backward, registered with the dispatcher when this library loads. It checks tensors, picks layouts
+// Host binding of the GEMM ops: the CUDA kernels of torch.ops.cutlass_ext.linear, matmul, _act_grad
+// and _linear_backward, registered with the dispatcher when this library loads (linear's autograd
+// node is in autograd.cpp). It checks tensors, picks layouts
 // from strides (copying only what TMA cannot read), allocates outputs and workspace from the torch
 // allocator, fills the plain params structs and launches on the current stream. Only torch's
 // device-generic headers are used (no ATen/cuda), so this file builds against any torch wheel.
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/extension.h>
 
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -659,78 +658,6 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::optional<c
   return std::get<0>(result).view(with_last(batch, {M, N}));
 }
 
-// ---------------------------------------------------------------------------------------------
-// Autograd of linear for CUDA tensors, in C++ so that neither the forward nor the backward node
-// needs the Python interpreter (the backward runs on autograd's device thread, and taking the GIL
-// there costs more than the kernels' host work on small layers). It mirrors _linear_setup_context
-// and _linear_backward in cutlass_ext/ops/linear.py, which serve CPU tensors and the CUDA calls
-// made before this library is loaded; both call the same ops through the dispatcher.
-
-class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
-                                                const at::Tensor& b, const c10::optional<at::Tensor>& bias,
-                                                const std::string& activation, bool save_preact,
-                                                const c10::optional<std::string>& config) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("cutlass_ext::linear", "")
-            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                      const c10::optional<at::Tensor>&, c10::string_view, bool,
-                                                      c10::optional<c10::string_view>)>();
-    at::Tensor y, z;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      c10::optional<c10::string_view> config_view;
-      if (config.has_value()) config_view = c10::string_view(*config);
-      std::tie(y, z) = op.call(a, b, bias, activation, save_preact, config_view);
-    }
-    ctx->mark_non_differentiable({z});
-    ctx->set_materialize_grads(false);
-    const at::Tensor saved = activation_saved_tensor(int(activation_code(activation, "linear")), y, z, save_preact);
-    ctx->saved_data["activation"] = activation;
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    // dB comes back in B's layout: transposed when B is the transpose of a row-major [N, K] weight.
-    ctx->saved_data["b_is_weight_t"] = b.sym_stride(0) == 1 && b.sym_stride(1) != 1;
-    ctx->save_for_backward({a, b, saved});
-    return {y, z};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("cutlass_ext::_linear_backward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
-                c10::string_view, bool, bool, bool, bool)>();
-    const at::Tensor& grad_y = grads[0];
-    if (!grad_y.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const auto saved = ctx->get_saved_variables();
-    const std::string activation = ctx->saved_data["activation"].toStringRef();
-    check_activation_saved(int(activation_code(activation, "linear")), saved[2], activation, "linear");
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const bool need_a = ctx->needs_input_grad(0), need_b = ctx->needs_input_grad(1);
-    const bool need_bias = has_bias && ctx->needs_input_grad(2);
-    c10::optional<at::Tensor> preact;
-    if (saved[2].defined()) preact = saved[2];
-    auto [grad_a, grad_b, grad_bias] = op.call(grad_y, saved[0], saved[1], preact, activation, need_a, need_b,
-                                               need_bias, ctx->saved_data["b_is_weight_t"].toBool());
-    return {need_a ? grad_a : at::Tensor(), need_b ? grad_b : at::Tensor(), need_bias ? grad_bias : at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-std::tuple<at::Tensor, at::Tensor> linear_autograd(const at::Tensor& a, const at::Tensor& b,
-                                                   const c10::optional<at::Tensor>& bias,
-                                                   c10::string_view activation, bool save_preact,
-                                                   c10::optional<c10::string_view> config) {
-  c10::optional<std::string> config_str;
-  if (config.has_value()) config_str = std::string(*config);
-  auto out = LinearAutograd::apply(a, b, bias, std::string(activation), save_preact, config_str);
-  return {out[0], out[1]};
-}
-
 }  // namespace
 }  // namespace cutlass_ext
 
@@ -740,14 +667,3 @@ TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
   m.impl("_act_grad", &cutlass_ext::act_grad_cuda);
   m.impl("_linear_backward", &cutlass_ext::linear_backward_cuda);
 }
-
-TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCUDA, m) {
-  m.impl("linear", &cutlass_ext::linear_autograd);
-}
-
-#ifdef CUTLASS_EXT_AUTOGRAD_ON_CPU
-// Test builds only (CUTLASS_EXT_CPU_AUTOGRAD=1): the node for CPU tensors too (bindings/autograd.cpp).
-TORCH_LIBRARY_IMPL(cutlass_ext, AutogradCPU, m) {
-  m.impl("linear", &cutlass_ext::linear_autograd);
-}
-#endif
