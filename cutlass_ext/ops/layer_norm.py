@@ -74,6 +74,7 @@ def _layer_norm_cpu(x, weight, bias, eps, relu, dropout_p, seed):
 register_cuda_loader("layer_norm", _layer_norm_reference)
 
 
+# CUDA tensors, once the extension is loaded, use the C++ twin in csrc/bindings/autograd.cpp.
 def _layer_norm_setup_context(ctx, inputs, output):
     x, weight, bias, eps, relu, dropout_p, seed = inputs
     _, mean, rstd = output

@@ -109,7 +109,7 @@ register_cuda_loader("linear", _linear_reference)
 
 
 # Autograd of linear for CPU tensors and for CUDA calls made before the extension is loaded; once it
-# is, CUDA tensors use LinearAutograd in csrc/bindings/gemm.cpp, which mirrors these two functions in C++.
+# is, CUDA tensors use LinearAutograd in csrc/bindings/autograd.cpp, which mirrors these two functions in C++.
 def _linear_setup_context(ctx, inputs, output):
     a, b, bias, activation, save_preact, *_ = inputs
     y, aux = output

@@ -145,7 +145,9 @@ def _lora_linear_cpu(*args):
 register_cuda_loader("lora_linear", _lora_linear_reference)
 
 
-# Autograd of lora_linear for CPU and CUDA alike: the backward is one call of _lora_linear_backward.
+# Autograd of lora_linear for CPU tensors and for CUDA calls made before the extension is loaded (once
+# it is, CUDA tensors use LoraLinearAutograd in csrc/bindings/autograd.cpp, which mirrors these two
+# functions in C++): the backward is one call of _lora_linear_backward.
 def _lora_linear_setup_context(ctx, inputs, output):
     x, weight, lora_A, lora_B, bias, scaling, activation, dropout_p, seed, save_preact = inputs
     y, t, preact = output

@@ -96,6 +96,7 @@ def _bias_act_backward_cpu(*args):
 register_cuda_loader("_bias_act_backward", _bias_act_backward_reference)
 
 
+# CUDA tensors, once the extension is loaded, use the C++ twin in csrc/bindings/autograd.cpp.
 def _bias_act_setup_context(ctx, inputs, output):
     x, bias, activation, scale, residual = inputs
     ctx.activation = activation

@@ -52,6 +52,7 @@ register_cuda_loader("softmax", _softmax_reference)
 
 
 # The backward needs only the output: dx = scale * y * (dy - sum(dy * y)). x is not saved.
+# CUDA tensors, once the extension is loaded, use the C++ twin in csrc/bindings/autograd.cpp.
 def _softmax_setup_context(ctx, inputs, output):
     _, dim, scale = inputs
     ctx.dim = dim
