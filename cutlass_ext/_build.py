@@ -303,8 +303,8 @@ class BuildConfig:
             if path.is_file() and path.suffix in (".h", ".cuh", ".cu", ".cpp"):
                 h.update(str(path.relative_to(CSRC_DIR)).encode())
                 h.update(path.read_bytes())
-        for source in _kernel_table.translation_units(list(self.kernels)).values():
-            h.update(source.encode())
+        for group in _kernel_table.translation_units(list(self.kernels)).values():
+            h.update(_kernel_table.unit_source(group).encode())
         h.update(_kernel_table.registry_source(list(self.kernels)).encode())
         version_h = Path(self.cutlass.include_dirs[0]) / "cutlass" / "version.h"
         if version_h.is_file():
@@ -340,14 +340,11 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         else:
             rules.append(f"build {obj}: cxx {src}\n")
         objects.append(obj)
-    first_kernel = {}
-    for kernel in config.kernels:
-        first_kernel.setdefault(kernel.translation_unit, kernel)
-    for name, source in _kernel_table.translation_units(list(config.kernels)).items():
+    for name, group in _kernel_table.translation_units(list(config.kernels)).items():
         src = gen_dir / f"{name}.cu"
-        write_if_changed(src, source)
+        write_if_changed(src, _kernel_table.unit_source(group))
         obj = f"obj/{name}.o"
-        rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(first_kernel[name].gencodes(config.archs))}\n")
+        rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(group[0].gencodes(config.archs))}\n")
         objects.append(obj)
     registry = gen_dir / "gemm_registry.cpp"
     write_if_changed(registry, _kernel_table.registry_source(list(config.kernels)))

@@ -304,21 +304,24 @@ def all_kernels() -> list[GemmKernel]:
     return kernels
 
 
-def translation_units(kernels: list[GemmKernel]) -> dict[str, str]:
-    """The generated .cu sources of ``kernels``, by file name without suffix."""
+def translation_units(kernels: list[GemmKernel]) -> dict[str, list[GemmKernel]]:
+    """``kernels`` grouped by the generated .cu file (name without suffix) that defines them; a
+    group shares one header and one set of gencodes."""
     groups: dict[str, list[GemmKernel]] = {}
     for kernel in kernels:
         groups.setdefault(kernel.translation_unit, []).append(kernel)
-    sources = {}
-    for name, group in groups.items():
-        uses = "".join(dict.fromkeys(f"// For: {k.config.use}\n" for k in group))
-        sources[name] = (
-            BANNER + uses + f'#include "{group[0].header()}"\n\n'
-            + "namespace cutlass_ext::generated {\n"
-            + "".join(k.definition() for k in group)
-            + "}  // namespace cutlass_ext::generated\n"
-        )
-    return sources
+    return groups
+
+
+def unit_source(group: list[GemmKernel]) -> str:
+    """The generated .cu source of one translation unit's kernels."""
+    uses = "".join(dict.fromkeys(f"// For: {k.config.use}\n" for k in group))
+    return (
+        BANNER + uses + f'#include "{group[0].header()}"\n\n'
+        + "namespace cutlass_ext::generated {\n"
+        + "".join(k.definition() for k in group)
+        + "}  // namespace cutlass_ext::generated\n"
+    )
 
 
 def select_kernels(patterns: str | None, archs: tuple[str, ...] | None = None) -> list[GemmKernel]:

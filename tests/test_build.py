@@ -200,11 +200,11 @@ def test_selective_build_and_kernel_table():
     assert picked and all("fp16" in k.name or "simt" in k.name for k in picked)
     assert _kernel_table.select_kernels("nothing-matches") == []
     assert "kNumGemmKernels = 0" in _kernel_table.registry_source([])
-    sources = _kernel_table.translation_units(_kernel_table.all_kernels())
+    units = _kernel_table.translation_units(_kernel_table.all_kernels())
     for kernel in _kernel_table.all_kernels():
         assert not (kernel.aux and kernel.a_major != "k")
         macro = "CUTLASS_EXT_DEFINE_DIRECT_GEMM" if kernel.hand_written else "CUTLASS_EXT_DEFINE_GEMM"
-        assert f"{macro}({kernel.name}," in sources[kernel.translation_unit]
+        assert f"{macro}({kernel.name}," in _kernel_table.unit_source(units[kernel.translation_unit])
         assert kernel.gemm_arch == (0 if kernel.hand_written else 90 if kernel.family == "sm90" else 80)
 
 

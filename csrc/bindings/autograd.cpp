@@ -151,8 +151,7 @@ class LayerNormAutograd : public torch::autograd::Function<LayerNormAutograd> {
     ctx->set_materialize_grads(false);
     ctx->saved_data["relu"] = relu;
     ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["has_weight"] = defined(weight);
-    ctx->saved_data["has_bias"] = defined(bias);
+    ctx->saved_data["has_bias"] = defined(bias);  // the weight is saved; the bias is not
     ctx->save_for_backward({x, weight.value_or(at::Tensor()), mean, rstd, seed.value_or(at::Tensor())});
     return {y, mean, rstd};
   }
@@ -165,7 +164,7 @@ class LayerNormAutograd : public torch::autograd::Function<LayerNormAutograd> {
     variable_list out(7);
     if (!grads[0].defined()) return out;
     const auto saved = ctx->get_saved_variables();
-    const bool has_weight = ctx->saved_data["has_weight"].toBool(), has_bias = ctx->saved_data["has_bias"].toBool();
+    const bool has_weight = saved[1].defined(), has_bias = ctx->saved_data["has_bias"].toBool();
     const bool need_x = needs_grad(ctx, {true});
     const bool need_weight = needs_grad(ctx, {true, has_weight});
     const bool need_bias = needs_grad(ctx, {true, has_weight, has_bias});
