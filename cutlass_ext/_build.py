@@ -344,11 +344,13 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         src = gen_dir / f"{name}.cu"
         write_if_changed(src, _kernel_table.unit_source(group))
         obj = f"obj/{name}.o"
-        rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(group[0].gencodes(config.archs))}\n")
+        # Relative to the build directory (ninja runs in it): a build tree copied under another
+        # name keeps its commands, and so its up-to-date objects.
+        rules.append(f"build {obj}: nvcc gen/{src.name}\n  arch_flags = {' '.join(group[0].gencodes(config.archs))}\n")
         objects.append(obj)
     registry = gen_dir / "gemm_registry.cpp"
     write_if_changed(registry, _kernel_table.registry_source(list(config.kernels)))
-    rules.append(f"build obj/gemm_registry.o: cxx {registry}\n")
+    rules.append(f"build obj/gemm_registry.o: cxx gen/{registry.name}\n")
     objects.append("obj/gemm_registry.o")
 
     nvcc = config.cuda_home / "bin" / "nvcc"

@@ -151,7 +151,8 @@ def test_build_tree(tmp_path):
         assert source.startswith(_kernel_table.BANNER)
         assert source.count(f"DEFINE_GEMM({kernel.name},") + source.count(f"DEFINE_DIRECT_GEMM({kernel.name},") == 1
         unit = kernel.translation_unit
-        assert f"build obj/{unit}.o: nvcc {tmp_path / 'gen' / (unit + '.cu')}" in ninja
+        # Relative to the build directory, so that a copied build tree keeps its objects.
+        assert f"build obj/{unit}.o: nvcc gen/{unit}.cu\n" in ninja
     # One file per CUTLASS instantiation; the hand-written kernels of a family and dtype share one.
     assert units == {k.name for k in config.kernels if not k.hand_written} | {"lowk_bf16"}
     assert sorted(p.stem for p in (tmp_path / "gen").glob("*.cu")) == sorted(units)
@@ -275,6 +276,15 @@ def test_selective_build_compiles_and_imports(tmp_path):
         "print(module.activation_names())\n"
         "print([torch._C._dispatch_has_kernel_for_dispatch_key('cutlass_ext::' + op, 'CUDA')\n"
         "       for op in ('linear', 'matmul', '_act_grad', '_linear_backward')])\n"
+        # The build tree names its generated sources relative to itself: moved under another name
+        # and regenerated there (a developer seeding the next build from the last one), it has
+        # nothing to rebuild.
+        "import shutil, subprocess\n"
+        "moved = config.build_dir().with_name('moved_build')\n"
+        "shutil.copytree(config.build_dir(), moved, symlinks=True); shutil.rmtree(config.build_dir())\n"
+        "_build.write_build_tree(config, moved)\n"
+        "dry = subprocess.run([_build.find_ninja(), '-C', str(moved), '-n'], capture_output=True, text=True)\n"
+        "print('copied build tree:', dry.stdout.strip().splitlines()[-1])\n"
         + CPU_AUTOGRAD_CHECK
     )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
@@ -283,3 +293,4 @@ def test_selective_build_compiles_and_imports(tmp_path):
     assert "['none', 'relu', 'gelu', 'gelu_tanh', 'silu', 'sigmoid']" in result.stdout
     assert "[True, True, True, True]" in result.stdout  # loading registered the CUDA kernels
     assert "C++ autograd on CPU: ok" in result.stdout, result.stdout[-2000:]
+    assert "copied build tree: ninja: no work to do." in result.stdout, result.stdout[-2000:]
