@@ -15,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -133,7 +134,7 @@ constexpr int64_t kTransposedMaxM = 256;
 constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
 
-bool is_lowk(const GemmKernelEntry& e) { return std::string(e.family) == "lowk"; }
+bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") == 0; }
 
 // Whether a kernel can run a product of depth K.
 bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
