@@ -1,11 +1,11 @@
 // CUTLASS 2.x tensor-core GEMMs for Ampere (sm_80 and later 8.x parts): multistage cp.async
 // mainloop and mma.sync, fp32 accumulation (TF32 mma for fp32 operands).
 //   D = act(alpha * A B + bias)
-// As in the exact-fp32 path, the bias is read as the C operand with a zero row stride
-// (gemm/universal2x.cuh). There is no aux output and no C source: the binding asks for Z and runs
-// the activation separately when the backward needs the pre-activation, and accumulating
-// products (LoRA) add C after the GEMM. On Hopper these kernels are built too (as sm_90 code
-// from the same source) so that CUTLASS_EXT_GEMM_ARCH=sm80 can test them there.
+// As in the exact-fp32 path, the bias is read as the C operand with a zero row stride, or a full
+// C source is read instead, into which the binding has folded the bias (gemm/universal2x.cuh).
+// There is no aux output: the binding asks for Z and runs the activation separately when the
+// backward needs the pre-activation. On Hopper these kernels are built too (as sm_90 code from
+// the same source) so that CUTLASS_EXT_GEMM_ARCH=sm80 can test them there.
 #pragma once
 
 #include <cutlass/cutlass.h>
