@@ -16,6 +16,18 @@ import torch
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
+def warm_up_gpu(seconds: float = 1.0) -> None:
+    """Keeps the GPU busy for ``seconds`` so that its clocks have ramped up before the first
+    timing: from idle, an H200 timed the first shapes of a sweep up to 2.7x slow (cuBLAS at
+    M = 1, 4096x4096: 53.7 us in the first row, 19 us once warm)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
 class Timer:
     def __init__(self, warmup: int = 5, iters: int = 30):
         self.warmup = warmup
@@ -24,18 +36,6 @@ class Timer:
         self._flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
         self._warm = False
 
-    def warm_up(self, seconds: float = 1.0) -> None:
-        """Keeps the GPU busy for ``seconds`` so that its clocks have ramped up before the first
-        timing: from idle, an H200 timed the first shapes of a sweep up to 2.7x slow (cuBLAS at
-        M = 1, 4096x4096: 53.7 us in the first row, 19 us once warm)."""
-        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in range(20):
-                a @ a
-            torch.cuda.synchronize()
-        self._warm = True
-
     def median_us(self, fn) -> float:
         return self.median_us_many({"fn": fn})["fn"]
 
@@ -43,7 +43,8 @@ class Timer:
         """Median time of each callable, measured round-robin (one call of each per round) so
         that clock and power changes during the run affect every provider alike."""
         if not self._warm:
-            self.warm_up()
+            warm_up_gpu()
+            self._warm = True
         for fn in fns.values():
             for _ in range(self.warmup):
                 fn()

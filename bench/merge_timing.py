@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, write_results  # noqa: E402
+from _common import warm_up_gpu, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         print("bench/merge_timing.py needs a CUDA GPU")
         return 1
     out_f, in_f = (int(v) for v in args.shape.split("x"))
-    Timer().warm_up()
+    warm_up_gpu()
     buf = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     flushes = {"zero": lambda: buf.zero_(), "read": lambda: buf.sum(dtype=torch.int64), "none": lambda: None}
     rows = []
