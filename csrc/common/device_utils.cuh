@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 #include <cutlass/numeric_types.h>
@@ -84,6 +87,90 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
 
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<false>(v, scratch); }
 __device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce<true>(v, scratch); }
+
+// ---------------------------------------------------------------------------------------------
+// Rows resident in shared memory: too long for registers, short enough for one block's dynamic
+// shared memory (up to ~113K 16-bit elements on Hopper). The block copies its row in with
+// cp.async, which holds no registers while in flight, so the whole row is requested at once and
+// read from memory once. Each thread copies, and later reads back, only its own 16-byte pieces
+// (piece t, t + blockDim.x, ... of each group), so no barrier is needed between the copy and
+// the thread's reads: waiting for its own copies is enough.
+//
+// The row is copied in kRowGroups groups of columns, so that a first pass can start on group 0
+// while the rest are still in flight. Group g covers [g * chunk, min(cols, (g + 1) * chunk)),
+// chunk = shared_row_chunk(cols), a multiple of the vector width.
+
+constexpr int kRowGroups = 4;
+
+template <class T>
+__host__ __device__ inline int64_t shared_row_chunk(int64_t cols) {
+  constexpr int kVec = vec_width<T>();
+  return (cols + kRowGroups * kVec - 1) / (kRowGroups * kVec) * kVec;
+}
+
+template <class T>
+__device__ __forceinline__ void copy_row_group_async(T* dst, const T* src, int64_t begin, int64_t end) {
+  constexpr int kVec = vec_width<T>();
+  for (int64_t c = begin + int64_t(threadIdx.x) * kVec; c < end; c += int64_t(blockDim.x) * kVec) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + c));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Issues the copies of every group of a row (in order).
+template <class T>
+__device__ __forceinline__ void copy_row_async(T* dst, const T* src, int64_t cols) {
+  const int64_t chunk = shared_row_chunk<T>(cols);
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) copy_row_group_async(dst, src, min(cols, g * chunk), min(cols, (g + 1) * chunk));
+}
+
+// Waits until this thread's copies of groups 0..g have landed (g a compile-time-unrolled index).
+__device__ __forceinline__ void wait_row_group(int g) {
+  static_assert(kRowGroups == 4, "one case per group below");
+  switch (g) {
+    case 0: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+  }
+}
+
+// The most dynamic shared memory one block may use on `device` (0 if unknown).
+inline int max_dynamic_shared_bytes(int device) {
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  return bytes;
+}
+
+// Lets `kernel` use up to max_dynamic_shared_bytes(device) of dynamic shared memory (over the
+// 48 KB default); asks the driver once per kernel and device.
+inline cudaError_t allow_large_dynamic_shared(const void* kernel, int device) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count({kernel, device}) != 0) return cudaSuccess;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic_shared_bytes(device));
+  if (err == cudaSuccess) {
+    done.insert({kernel, device});
+  } else {
+    (void)cudaGetLastError();  // not sticky: clear it, the caller falls back to another kernel
+  }
+  return err;
+}
+
+// Whether a row of `cols` elements of T fits one block's shared memory on the current device,
+// and that device (for allow_large_dynamic_shared).
+template <class T>
+bool shared_row_fits(int64_t cols, int* device) {
+  if (cudaGetDevice(device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return cols * int64_t(sizeof(T)) <= int64_t(max_dynamic_shared_bytes(*device));
+}
 
 // Calls f(std::integral_constant<int, code>{}) for an activation code, so that each activation
 // gets its own kernel instantiation while the code stays a run-time parameter of the launcher.

@@ -18,8 +18,11 @@ namespace {
 //   nv <= 64               kTpr = 32, kVecs = 2            a warp per row (bf16 C = 512: 8 rows/block)
 //   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 rows per 256-thread block
 //   nv <= 1024             kTpr = 512, kVecs = 2           a 512-thread block per row (bf16 C <= 8192)
-//   longer rows            a 512-thread block per row, two passes over the row (the second mostly
-//                          from L2); statistics by exact per-vector moments combined with Chan's
+//   longer rows            a 512-thread block per row. On the vector path, where the row fits in
+//                          shared memory (bf16/fp16 up to ~113K columns on Hopper), the row is
+//                          copied there once (cp.async) and both passes read it from there;
+//                          otherwise two passes over the row in memory (the second mostly from
+//                          L2). Statistics by exact per-vector moments combined with Chan's
 //                          formula, so a large mean does not cancel the variance.
 // At most 2 vectors (16 elements) per thread: the backward keeps xhat, dy and the dweight/dbias
 // accumulators for each, and stays well under the 128 registers a 512-thread block allows.
@@ -240,6 +243,69 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
   }
 }
 
+// Per-vector moments of kVec values (relu first when asked), merged into m.
+template <int kVec>
+__device__ __forceinline__ void add_vector_moments(Moments& m, float (&h)[kVec], bool relu) {
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    if (relu) h[j] = act::relu(h[j]);
+    s += h[j];
+  }
+  const float vmean = s / float(kVec);
+  float vm2 = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) vm2 += (h[j] - vmean) * (h[j] - vmean);
+  m = merge(m, Moments{float(kVec), vmean, vm2});
+}
+
+// Rows in shared memory (vector path): a block per row; the statistics pass starts on the first
+// column group while the others are still being copied in, and the normalize pass reads the row
+// from shared memory, so x is read from memory once.
+template <class T, int kThreads>
+__global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
+  constexpr int kVec = vec_width<T>();
+  extern __shared__ __align__(16) unsigned char shared_row_raw[];
+  T* row_s = reinterpret_cast<T*>(shared_row_raw);
+  const int64_t row = blockIdx.x;
+  const int64_t cols = p.cols, chunk = shared_row_chunk<T>(cols);
+  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, cols);
+
+  Moments m{0.f, 0.f, 0.f};
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    wait_row_group(g);
+    const int64_t end = min(cols, (g + 1) * chunk);
+    for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(kThreads) * kVec) {
+      float h[kVec];
+      load_vec<T, kVec>(row_s + col, h);
+      add_vector_moments<kVec>(m, h, p.relu);
+    }
+  }
+  m = block_moments<kThreads>(m);
+  const float mean = m.mean;
+  const float rstd = rsqrtf(m.m2 / float(cols) + p.eps);
+  if (threadIdx.x == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+  const Dropout drop(p.dropout);
+  // The same pieces as this thread copied in, group by group.
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    const int64_t end = min(cols, (g + 1) * chunk);
+    for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(kThreads) * kVec) {
+      float h[kVec];
+      load_vec<T, kVec>(row_s + col, h);
+      if (p.relu) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) h[j] = act::relu(h[j]);
+      }
+      normalize_store<T, kVec>(p, drop, row, col, h, mean, rstd);
+    }
+  }
+}
+
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
 template <class T, int kVec, int kThreads>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNormParams p) {
@@ -251,17 +317,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNorm
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
     float h[kVec];
     load_vec<T, kVec>(x + col, h);
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      if (p.relu) h[j] = act::relu(h[j]);
-      s += h[j];
-    }
-    const float vmean = s / float(kVec);
-    float vm2 = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) vm2 += (h[j] - vmean) * (h[j] - vmean);
-    m = merge(m, Moments{float(kVec), vmean, vm2});
+    add_vector_moments<kVec>(m, h, p.relu);
   }
   m = block_moments<kThreads>(m);
   const float mean = m.mean;
@@ -291,9 +347,19 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
         <<<unsigned(blocks), Cfg::kThreads, 0, stream>>>(p);
   });
-  if (!in_registers) {
-    layer_norm_fwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+  if (in_registers) return;
+  int device = 0;
+  if constexpr (kVec == vec_width<T>()) {
+    if (shared_row_fits<T>(p.cols, &device)) {
+      auto kernel = layer_norm_fwd_shared_kernel<T, kLongThreads>;
+      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
+        const size_t bytes = size_t(p.cols) * sizeof(T);
+        kernel<<<unsigned(p.rows), kLongThreads, bytes, stream>>>(p);
+        return;
+      }
+    }
   }
+  layer_norm_fwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
 }
 
 template <class T>

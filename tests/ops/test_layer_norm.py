@@ -111,6 +111,32 @@ def test_every_row_config(device, dtype_name, cols):
         assert_close_to_reference(o, r, p, dtype_name, what=name)
 
 
+def _forward_kernel_names(x, weight, bias, relu=False):
+    cutlass_ext.layer_norm(x, weight, bias, relu=relu)  # loads the extension
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        y = cutlass_ext.layer_norm(x, weight, bias, relu=relu)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return y, [n for n in names if "layer_norm" in n]
+
+
+# Rows too long for registers: read once through shared memory where the row fits there (the
+# vector path), else the two-pass kernel. 65536 fp32 columns (256 KB) fit no Hopper block.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name,cols,path", [("bf16", 16392, "shared"), ("fp16", 65536, "shared"),
+                                                  ("fp32", 20000, "shared"), ("fp32", 65536, "long"),
+                                                  ("bf16", 20001, "long")])
+def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, path):
+    dtype = DTYPES[dtype_name]
+    x = rand(7, cols, device="cuda", dtype=dtype, scale=2.0, offset=0.3)
+    weight, bias = make_affine("both", cols, "cuda", dtype)
+    y, names = _forward_kernel_names(x, weight, bias, relu=True)
+    assert len(names) == 1 and f"layer_norm_fwd_{path}" in names[0], names
+    assert_close_to_reference(y, ref_layer_norm(x, weight, bias, relu=True),
+                              peer_layer_norm(x, weight, bias, relu=True), dtype_name)
+
+
 LAYOUTS = {
     "3d": lambda d, t: rand(3, 17, 200, device=d, dtype=t),
     # A column slice of a wider tensor: row stride 264 > C, base 8 elements in.
@@ -271,7 +297,8 @@ def test_rng_is_uniform_and_seed_dependent():
     assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.02
 
 
-@pytest.mark.parametrize("cols", [7, 512, 4097])
+# 16384 fp32 columns: a row in shared memory on CUDA.
+@pytest.mark.parametrize("cols", [7, 512, 4097, 16384])
 def test_dropout_mask_matches_twin(device, cols):
     x = rand(24, cols, device=device, dtype=torch.float32)
     seed = torch.tensor([987654321987], dtype=torch.int64, device=device)

@@ -60,6 +60,8 @@ CASES = {
     "262144": (_plain(2, 262144), True),
     "300001": (_plain(2, 300001), True),
     "many_long": (_plain(600, 33000), True),  # enough rows for one block per row
+    # One block per row, the row in shared memory for 16-bit types (128 KB), not for fp32 (256 KB).
+    "many_65536": (_plain(560, 65536), True),
     "rows_zero": (_plain(0, 64), False),
     "cols_zero": (_plain(4, 0), False),
     "3d": (_plain(3, 17, 96), False),
@@ -240,6 +242,25 @@ def test_forward_and_backward_are_one_kernel_each(cols):
     assert sum("softmax_backward" in n for n in kernels) == 1, kernels
     assert sum("softmax" in n and "backward" not in n for n in kernels) == 1, kernels
     assert len(kernels) == 2, kernels  # no copies, no separate reductions
+
+
+# Long rows with a block each: read once through shared memory where the row fits there (the
+# vector path of a 16-bit row up to ~113K columns on Hopper), else the two-pass kernel.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name,cols,path", [("bf16", 33000, "shared"), ("fp16", 65536, "shared"),
+                                                  ("fp32", 40000, "shared"), ("fp32", 65536, "long"),
+                                                  ("bf16", 33001, "long")])
+def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, path):
+    dtype = DTYPES[dtype_name]
+    x = rand(600, cols, device="cuda", dtype=dtype)  # >= 4 rows per SM: no row splitting
+    cutlass_ext.softmax(x)  # loads the extension
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = cutlass_ext.softmax(x, scale=0.5)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "softmax" in e.name]
+    assert len(names) == 1 and f"softmax_{path}_kernel" in names[0], names
+    assert_close_to_reference(out, ref_softmax(x, scale=0.5), peer_softmax(x, scale=0.5), dtype_name)
 
 
 # ------------------------------------------------------------------------------------------------
