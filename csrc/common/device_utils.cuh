@@ -108,22 +108,27 @@ __host__ __device__ inline int64_t shared_row_chunk(int64_t cols) {
   return (cols + kRowGroups * kVec - 1) / (kRowGroups * kVec) * kVec;
 }
 
-template <class T>
-__device__ __forceinline__ void copy_row_group_async(T* dst, const T* src, int64_t begin, int64_t end) {
+// Calls fn(col) for the first column of each 16-byte piece of group g that this thread owns: the
+// copy and every later pass walk the row through this one function, so a thread reads back
+// exactly the pieces it copied.
+template <class T, class Fn>
+__device__ __forceinline__ void for_own_pieces(int64_t cols, int g, Fn&& fn) {
   constexpr int kVec = vec_width<T>();
-  for (int64_t c = begin + int64_t(threadIdx.x) * kVec; c < end; c += int64_t(blockDim.x) * kVec) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + c));
-  }
-  asm volatile("cp.async.commit_group;\n" ::);
+  const int64_t chunk = shared_row_chunk<T>(cols), end = min(cols, (g + 1) * chunk);
+  for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(blockDim.x) * kVec) fn(col);
 }
 
-// Issues the copies of every group of a row (in order).
+// Issues the copies of every group of a row (in order, one commit group each).
 template <class T>
 __device__ __forceinline__ void copy_row_async(T* dst, const T* src, int64_t cols) {
-  const int64_t chunk = shared_row_chunk<T>(cols);
 #pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) copy_row_group_async(dst, src, min(cols, g * chunk), min(cols, (g + 1) * chunk));
+  for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(cols, g, [&](int64_t col) {
+      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + col));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + col));
+    });
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
 }
 
 // Waits until this thread's copies of groups 0..g have landed (g a compile-time-unrolled index).

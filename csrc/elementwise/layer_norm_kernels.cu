@@ -259,6 +259,30 @@ __device__ __forceinline__ void add_vector_moments(Moments& m, float (&h)[kVec],
   m = merge(m, Moments{float(kVec), vmean, vm2});
 }
 
+// The row's mean and rstd from its moments; thread 0 stores them for the backward.
+__device__ __forceinline__ float2 finish_statistics(LayerNormParams const& p, Moments const& m, int64_t row) {
+  const float mean = m.mean;
+  const float rstd = rsqrtf(m.m2 / float(p.cols) + p.eps);
+  if (threadIdx.x == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+  return make_float2(mean, rstd);
+}
+
+// Normalizes (relu first when asked) and stores the kVec elements of column col read from src.
+template <class T, int kVec>
+__device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropout const& drop, int64_t row,
+                                                int64_t col, const T* src, float2 stats) {
+  float h[kVec];
+  load_vec<T, kVec>(src, h);
+  if (p.relu) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) h[j] = act::relu(h[j]);
+  }
+  normalize_store<T, kVec>(p, drop, row, col, h, stats.x, stats.y);
+}
+
 // Rows in shared memory (vector path): a block per row; the statistics pass starts on the first
 // column group while the others are still being copied in, and the normalize pass reads the row
 // from shared memory, so x is read from memory once.
@@ -268,41 +292,23 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
   const int64_t row = blockIdx.x;
-  const int64_t cols = p.cols, chunk = shared_row_chunk<T>(cols);
-  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, cols);
+  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
 
   Moments m{0.f, 0.f, 0.f};
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
     wait_row_group(g);
-    const int64_t end = min(cols, (g + 1) * chunk);
-    for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(kThreads) * kVec) {
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
       float h[kVec];
       load_vec<T, kVec>(row_s + col, h);
       add_vector_moments<kVec>(m, h, p.relu);
-    }
+    });
   }
-  m = block_moments<kThreads>(m);
-  const float mean = m.mean;
-  const float rstd = rsqrtf(m.m2 / float(cols) + p.eps);
-  if (threadIdx.x == 0) {
-    p.mean[row] = mean;
-    p.rstd[row] = rstd;
-  }
+  const float2 stats = finish_statistics(p, block_moments<kThreads>(m), row);
   const Dropout drop(p.dropout);
-  // The same pieces as this thread copied in, group by group.
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
-    const int64_t end = min(cols, (g + 1) * chunk);
-    for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(kThreads) * kVec) {
-      float h[kVec];
-      load_vec<T, kVec>(row_s + col, h);
-      if (p.relu) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) h[j] = act::relu(h[j]);
-      }
-      normalize_store<T, kVec>(p, drop, row, col, h, mean, rstd);
-    }
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) { normalize_piece<T, kVec>(p, drop, row, col, row_s + col, stats); });
   }
 }
 
@@ -319,22 +325,10 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNorm
     load_vec<T, kVec>(x + col, h);
     add_vector_moments<kVec>(m, h, p.relu);
   }
-  m = block_moments<kThreads>(m);
-  const float mean = m.mean;
-  const float rstd = rsqrtf(m.m2 / float(cols) + p.eps);
-  if (threadIdx.x == 0) {
-    p.mean[row] = mean;
-    p.rstd[row] = rstd;
-  }
+  const float2 stats = finish_statistics(p, block_moments<kThreads>(m), row);
   const Dropout drop(p.dropout);
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
-    float h[kVec];
-    load_vec<T, kVec>(x + col, h);
-    if (p.relu) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) h[j] = act::relu(h[j]);
-    }
-    normalize_store<T, kVec>(p, drop, row, col, h, mean, rstd);
+    normalize_piece<T, kVec>(p, drop, row, col, x + col, stats);
   }
 }
 

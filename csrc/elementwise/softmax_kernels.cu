@@ -352,15 +352,13 @@ __global__ void __launch_bounds__(kLongThreads) softmax_shared_kernel(SoftmaxPar
   __shared__ float scratch[32];
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
   const int64_t row = blockIdx.x;
-  const int64_t cols = p.cols, chunk = shared_row_chunk<T>(cols);
-  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, cols);
+  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
 
   float m = -INFINITY, s = 0.f;
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
     wait_row_group(g);
-    const int64_t end = min(cols, (g + 1) * chunk);
-    for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(kLongThreads) * kVec) {
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
       float v[kVec];
       load_vec<T, kVec>(row_s + col, v);
       float vmax = m;
@@ -374,23 +372,21 @@ __global__ void __launch_bounds__(kLongThreads) softmax_shared_kernel(SoftmaxPar
 #pragma unroll
       for (int i = 0; i < kVec; ++i) s += exp_shifted(v[i], shift);
       m = vmax;
-    }
+    });
   }
   const float block_m = block_max(m, scratch);
   const float shift = shift_of(block_m);
   const float inv = inverse_or_zero(block_sum(rescale(s, m, block_m), scratch));
   T* y = static_cast<T*>(p.y) + row * p.y_ld;
-  // The same pieces as this thread copied in.
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
-    const int64_t end = min(cols, (g + 1) * chunk);
-    for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(kLongThreads) * kVec) {
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
       float v[kVec];
       load_vec<T, kVec>(row_s + col, v);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) v[i] = exp_shifted(v[i] * p.scale, shift) * inv;
       store_vec<T, kVec>(y + col, v);
-    }
+    });
   }
 }
 
