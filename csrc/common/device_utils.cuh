@@ -142,6 +142,9 @@ __device__ __forceinline__ void wait_row_group(int g) {
   }
 }
 
+// Static shared memory of the row kernels besides the row (reduction scratch), with margin.
+constexpr int64_t kSharedRowReserve = 1024;
+
 // The most dynamic shared memory one block may use on `device` (0 if unknown).
 inline int max_dynamic_shared_bytes(int device) {
   int bytes = 0;
@@ -149,15 +152,15 @@ inline int max_dynamic_shared_bytes(int device) {
   return bytes;
 }
 
-// Lets `kernel` use up to max_dynamic_shared_bytes(device) of dynamic shared memory (over the
-// 48 KB default); asks the driver once per kernel and device.
+// Lets `kernel` use up to max_dynamic_shared_bytes(device) - kSharedRowReserve of dynamic shared
+// memory (over the 48 KB default); asks the driver once per kernel and device.
 inline cudaError_t allow_large_dynamic_shared(const void* kernel, int device) {
   static std::mutex mutex;
   static std::set<std::pair<const void*, int>> done;
   std::lock_guard<std::mutex> lock(mutex);
   if (done.count({kernel, device}) != 0) return cudaSuccess;
-  const cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic_shared_bytes(device));
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               max_dynamic_shared_bytes(device) - int(kSharedRowReserve));
   if (err == cudaSuccess) {
     done.insert({kernel, device});
   } else {
@@ -166,15 +169,16 @@ inline cudaError_t allow_large_dynamic_shared(const void* kernel, int device) {
   return err;
 }
 
-// Whether a row of `cols` elements of T fits one block's shared memory on the current device,
-// and that device (for allow_large_dynamic_shared).
+// Whether a row of `cols` elements of T fits one block's shared memory on the current device
+// (next to kSharedRowReserve bytes of static shared memory), and that device (for
+// allow_large_dynamic_shared).
 template <class T>
 bool shared_row_fits(int64_t cols, int* device) {
   if (cudaGetDevice(device) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return cols * int64_t(sizeof(T)) <= int64_t(max_dynamic_shared_bytes(*device));
+  return cols * int64_t(sizeof(T)) + kSharedRowReserve <= int64_t(max_dynamic_shared_bytes(*device));
 }
 
 // Calls f(std::integral_constant<int, code>{}) for an activation code, so that each activation
