@@ -118,14 +118,29 @@ __device__ __forceinline__ void for_own_pieces(int64_t cols, int g, Fn&& fn) {
   for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(blockDim.x) * kVec) fn(col);
 }
 
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem));
+}
+
 // Issues the copies of every group of a row (in order, one commit group each).
 template <class T>
 __device__ __forceinline__ void copy_row_async(T* dst, const T* src, int64_t cols) {
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(cols, g, [&](int64_t col) { cp_async_16(dst + col, src + col); });
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+}
+
+// The same for two rows of equal length (x and dy, say), both in each group's commit.
+template <class T>
+__device__ __forceinline__ void copy_row_pair_async(T* dst0, const T* src0, T* dst1, const T* src1, int64_t cols) {
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
     for_own_pieces<T>(cols, g, [&](int64_t col) {
-      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + col));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + col));
+      cp_async_16(dst0 + col, src0 + col);
+      cp_async_16(dst1 + col, src1 + col);
     });
     asm volatile("cp.async.commit_group;\n" ::);
   }
