@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 #include <cutlass/numeric_types.h>
@@ -84,6 +87,114 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
 
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<false>(v, scratch); }
 __device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce<true>(v, scratch); }
+
+// ---------------------------------------------------------------------------------------------
+// Rows resident in shared memory: too long for registers, short enough for one block's dynamic
+// shared memory (up to ~113K 16-bit elements on Hopper). The block copies its row in with
+// cp.async, which holds no registers while in flight, so the whole row is requested at once and
+// read from memory once. Each thread copies, and later reads back, only its own 16-byte pieces
+// (piece t, t + blockDim.x, ... of each group), so no barrier is needed between the copy and
+// the thread's reads: waiting for its own copies is enough.
+//
+// The row is copied in kRowGroups groups of columns, so that a first pass can start on group 0
+// while the rest are still in flight. Group g covers [g * chunk, min(cols, (g + 1) * chunk)),
+// chunk = shared_row_chunk(cols), a multiple of the vector width.
+
+constexpr int kRowGroups = 4;
+
+template <class T>
+__host__ __device__ inline int64_t shared_row_chunk(int64_t cols) {
+  constexpr int kVec = vec_width<T>();
+  return (cols + kRowGroups * kVec - 1) / (kRowGroups * kVec) * kVec;
+}
+
+// Calls fn(col) for the first column of each 16-byte piece of group g that this thread owns: the
+// copy and every later pass walk the row through this one function, so a thread reads back
+// exactly the pieces it copied.
+template <class T, class Fn>
+__device__ __forceinline__ void for_own_pieces(int64_t cols, int g, Fn&& fn) {
+  constexpr int kVec = vec_width<T>();
+  const int64_t chunk = shared_row_chunk<T>(cols), end = min(cols, (g + 1) * chunk);
+  for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(blockDim.x) * kVec) fn(col);
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem));
+}
+
+// Issues the copies of every group of a row (in order, one commit group each).
+template <class T>
+__device__ __forceinline__ void copy_row_async(T* dst, const T* src, int64_t cols) {
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(cols, g, [&](int64_t col) { cp_async_16(dst + col, src + col); });
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+}
+
+// The same for two rows of equal length (x and dy, say), both in each group's commit.
+template <class T>
+__device__ __forceinline__ void copy_row_pair_async(T* dst0, const T* src0, T* dst1, const T* src1, int64_t cols) {
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(cols, g, [&](int64_t col) {
+      cp_async_16(dst0 + col, src0 + col);
+      cp_async_16(dst1 + col, src1 + col);
+    });
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+}
+
+// Waits until this thread's copies of groups 0..g have landed (g a compile-time-unrolled index).
+__device__ __forceinline__ void wait_row_group(int g) {
+  static_assert(kRowGroups == 4, "one case per group below");
+  switch (g) {
+    case 0: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+  }
+}
+
+// Static shared memory of the row kernels besides the row (reduction scratch), with margin.
+constexpr int64_t kSharedRowReserve = 1024;
+
+// The most dynamic shared memory one block may use on `device` (0 if unknown).
+inline int max_dynamic_shared_bytes(int device) {
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  return bytes;
+}
+
+// Lets `kernel` use up to max_dynamic_shared_bytes(device) - kSharedRowReserve of dynamic shared
+// memory (over the 48 KB default); asks the driver once per kernel and device.
+inline cudaError_t allow_large_dynamic_shared(const void* kernel, int device) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count({kernel, device}) != 0) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               max_dynamic_shared_bytes(device) - int(kSharedRowReserve));
+  if (err == cudaSuccess) {
+    done.insert({kernel, device});
+  } else {
+    (void)cudaGetLastError();  // not sticky: clear it, the caller falls back to another kernel
+  }
+  return err;
+}
+
+// Whether a row of `cols` elements of T fits one block's shared memory on the current device
+// (next to kSharedRowReserve bytes of static shared memory), and that device (for
+// allow_large_dynamic_shared).
+template <class T>
+bool shared_row_fits(int64_t cols, int* device) {
+  if (cudaGetDevice(device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return cols * int64_t(sizeof(T)) + kSharedRowReserve <= int64_t(max_dynamic_shared_bytes(*device));
+}
 
 // Calls f(std::integral_constant<int, code>{}) for an activation code, so that each activation
 // gets its own kernel instantiation while the code stays a run-time parameter of the launcher.

@@ -18,8 +18,11 @@ namespace {
 //   nv <= 64               kTpr = 32, kVecs = 2            a warp per row (bf16 C = 512: 8 rows/block)
 //   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 rows per 256-thread block
 //   nv <= 1024             kTpr = 512, kVecs = 2           a 512-thread block per row (bf16 C <= 8192)
-//   longer rows            a 512-thread block per row, two passes over the row (the second mostly
-//                          from L2); statistics by exact per-vector moments combined with Chan's
+//   longer rows            a 512-thread block per row. On the vector path, where the row fits in
+//                          shared memory (bf16/fp16 up to ~113K columns on Hopper), the row is
+//                          copied there once (cp.async) and both passes read it from there;
+//                          otherwise two passes over the row in memory (the second mostly from
+//                          L2). Statistics by exact per-vector moments combined with Chan's
 //                          formula, so a large mean does not cancel the variance.
 // At most 2 vectors (16 elements) per thread: the backward keeps xhat, dy and the dweight/dbias
 // accumulators for each, and stays well under the 128 registers a 512-thread block allows.
@@ -240,6 +243,75 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
   }
 }
 
+// Per-vector moments of kVec values (relu first when asked), merged into m.
+template <int kVec>
+__device__ __forceinline__ void add_vector_moments(Moments& m, float (&h)[kVec], bool relu) {
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    if (relu) h[j] = act::relu(h[j]);
+    s += h[j];
+  }
+  const float vmean = s / float(kVec);
+  float vm2 = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) vm2 += (h[j] - vmean) * (h[j] - vmean);
+  m = merge(m, Moments{float(kVec), vmean, vm2});
+}
+
+// The row's mean and rstd from its moments; thread 0 stores them for the backward.
+__device__ __forceinline__ float2 finish_statistics(LayerNormParams const& p, Moments const& m, int64_t row) {
+  const float mean = m.mean;
+  const float rstd = rsqrtf(m.m2 / float(p.cols) + p.eps);
+  if (threadIdx.x == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+  return make_float2(mean, rstd);
+}
+
+// Normalizes (relu first when asked) and stores the kVec elements of column col read from src.
+template <class T, int kVec>
+__device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropout const& drop, int64_t row,
+                                                int64_t col, const T* src, float2 stats) {
+  float h[kVec];
+  load_vec<T, kVec>(src, h);
+  if (p.relu) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) h[j] = act::relu(h[j]);
+  }
+  normalize_store<T, kVec>(p, drop, row, col, h, stats.x, stats.y);
+}
+
+// Rows in shared memory (vector path): a block per row; the statistics pass starts on the first
+// column group while the others are still being copied in, and the normalize pass reads the row
+// from shared memory, so x is read from memory once.
+template <class T, int kThreads>
+__global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
+  constexpr int kVec = vec_width<T>();
+  extern __shared__ __align__(16) unsigned char shared_row_raw[];
+  T* row_s = reinterpret_cast<T*>(shared_row_raw);
+  const int64_t row = blockIdx.x;
+  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
+
+  Moments m{0.f, 0.f, 0.f};
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    wait_row_group(g);
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
+      float h[kVec];
+      load_vec<T, kVec>(row_s + col, h);
+      add_vector_moments<kVec>(m, h, p.relu);
+    });
+  }
+  const float2 stats = finish_statistics(p, block_moments<kThreads>(m), row);
+  const Dropout drop(p.dropout);
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) { normalize_piece<T, kVec>(p, drop, row, col, row_s + col, stats); });
+  }
+}
+
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
 template <class T, int kVec, int kThreads>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNormParams p) {
@@ -251,34 +323,12 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNorm
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
     float h[kVec];
     load_vec<T, kVec>(x + col, h);
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      if (p.relu) h[j] = act::relu(h[j]);
-      s += h[j];
-    }
-    const float vmean = s / float(kVec);
-    float vm2 = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) vm2 += (h[j] - vmean) * (h[j] - vmean);
-    m = merge(m, Moments{float(kVec), vmean, vm2});
+    add_vector_moments<kVec>(m, h, p.relu);
   }
-  m = block_moments<kThreads>(m);
-  const float mean = m.mean;
-  const float rstd = rsqrtf(m.m2 / float(cols) + p.eps);
-  if (threadIdx.x == 0) {
-    p.mean[row] = mean;
-    p.rstd[row] = rstd;
-  }
+  const float2 stats = finish_statistics(p, block_moments<kThreads>(m), row);
   const Dropout drop(p.dropout);
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
-    float h[kVec];
-    load_vec<T, kVec>(x + col, h);
-    if (p.relu) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) h[j] = act::relu(h[j]);
-    }
-    normalize_store<T, kVec>(p, drop, row, col, h, mean, rstd);
+    normalize_piece<T, kVec>(p, drop, row, col, x + col, stats);
   }
 }
 
@@ -291,9 +341,19 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
         <<<unsigned(blocks), Cfg::kThreads, 0, stream>>>(p);
   });
-  if (!in_registers) {
-    layer_norm_fwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+  if (in_registers) return;
+  int device = 0;
+  if constexpr (kVec == vec_width<T>()) {
+    if (shared_row_fits<T>(p.cols, &device)) {
+      auto kernel = layer_norm_fwd_shared_kernel<T, kLongThreads>;
+      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
+        const size_t bytes = size_t(p.cols) * sizeof(T);
+        kernel<<<unsigned(p.rows), kLongThreads, bytes, stream>>>(p);
+        return;
+      }
+    }
   }
+  layer_norm_fwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
 }
 
 template <class T>
@@ -313,13 +373,14 @@ struct ForwardFn {
 
 // dy after dropout's backward, and xhat, of kVec elements; `positive` gets bit `bit + j` set where
 // x > 0 (relu's derivative).
+// x_src and g_src point at the piece's x and dy (in memory or in shared memory).
 template <class T, int kVec>
-__device__ __forceinline__ void load_backward_inputs(LayerNormBackwardParams const& p, Dropout const& drop,
-                                                     int64_t row, int64_t col, float mean, float rstd,
-                                                     float (&g)[kVec], float (&xhat)[kVec], uint32_t& positive,
-                                                     int bit) {
-  load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_ld + col, xhat);
-  load_vec<T, kVec>(static_cast<const T*>(p.grad) + row * p.grad_ld + col, g);
+__device__ __forceinline__ void load_backward_inputs_from(LayerNormBackwardParams const& p, Dropout const& drop,
+                                                          int64_t row, int64_t col, const T* x_src, const T* g_src,
+                                                          float mean, float rstd, float (&g)[kVec],
+                                                          float (&xhat)[kVec], uint32_t& positive, int bit) {
+  load_vec<T, kVec>(x_src, xhat);
+  load_vec<T, kVec>(g_src, g);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     float h = xhat[j];
@@ -330,6 +391,16 @@ __device__ __forceinline__ void load_backward_inputs(LayerNormBackwardParams con
     xhat[j] = (h - mean) * rstd;
   }
   if (drop.on) drop.apply<kVec>(g, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void load_backward_inputs(LayerNormBackwardParams const& p, Dropout const& drop,
+                                                     int64_t row, int64_t col, float mean, float rstd,
+                                                     float (&g)[kVec], float (&xhat)[kVec], uint32_t& positive,
+                                                     int bit) {
+  load_backward_inputs_from<T, kVec>(p, drop, row, col, static_cast<const T*>(p.x) + row * p.x_ld + col,
+                                     static_cast<const T*>(p.grad) + row * p.grad_ld + col, mean, rstd, g, xhat,
+                                     positive, bit);
 }
 
 // Writes the block's fp32 column partials acc[c] into workspace row `part` of plane `plane`
@@ -443,6 +514,41 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_rows_kernel(LayerNorm
   write_column_partials<kVec, kVecs, kTpr, kThreads>(p, 1, acc_b, buf);
 }
 
+// One piece of a long row's dx: its part of the two row sums (first pass), and dx itself (second
+// pass, with a = mean(dxhat), b = mean(dxhat * xhat)). x_src/g_src: the piece in memory or in
+// shared memory.
+template <class T, int kVec>
+__device__ __forceinline__ void add_dx_sums(LayerNormBackwardParams const& p, Dropout const& drop, int64_t row,
+                                            int64_t col, const T* x_src, const T* g_src, float mean, float rstd,
+                                            float& sum_dxhat, float& sum_dxhat_xhat) {
+  float g[kVec], xhat[kVec], w[kVec], unused[kVec];
+  uint32_t positive = 0;
+  load_backward_inputs_from<T, kVec>(p, drop, row, col, x_src, g_src, mean, rstd, g, xhat, positive, 0);
+  load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float dxhat = __fmul_rn(g[j], w[j]);
+    sum_dxhat += dxhat;
+    sum_dxhat_xhat += dxhat * xhat[j];
+  }
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void store_dx_piece(LayerNormBackwardParams const& p, Dropout const& drop, int64_t row,
+                                               int64_t col, const T* x_src, const T* g_src, float mean, float rstd,
+                                               float a, float b) {
+  float g[kVec], xhat[kVec], w[kVec], unused[kVec], out[kVec];
+  uint32_t positive = 0;
+  load_backward_inputs_from<T, kVec>(p, drop, row, col, x_src, g_src, mean, rstd, g, xhat, positive, 0);
+  load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    out[j] = rstd * (__fmul_rn(g[j], w[j]) - a - xhat[j] * b);
+    if (p.relu && !((positive >> j) & 1u)) out[j] = 0.f;
+  }
+  store_vec<T, kVec>(static_cast<T*>(p.grad_x) + row * p.grad_x_ld + col, out);
+}
+
 // Rows too long for registers, dx only: a block per row, the two row sums, then dx.
 template <class T, int kVec, int kThreads>
 __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNormBackwardParams p) {
@@ -450,34 +556,49 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNorm
   const int64_t row = blockIdx.x;
   const int64_t cols = p.cols;
   const float mean = p.mean[row], rstd = p.rstd[row];
+  const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
+  const T* dy = static_cast<const T*>(p.grad) + row * p.grad_ld;
   const Dropout drop(p.dropout);
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
-    float g[kVec], xhat[kVec], w[kVec], unused[kVec];
-    uint32_t positive = 0;
-    load_backward_inputs<T, kVec>(p, drop, row, col, mean, rstd, g, xhat, positive, 0);
-    load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float dxhat = __fmul_rn(g[j], w[j]);
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += dxhat * xhat[j];
-    }
+    add_dx_sums<T, kVec>(p, drop, row, col, x + col, dy + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
   }
   const float a = block_sum(sum_dxhat, scratch) / float(cols);
   const float b = block_sum(sum_dxhat_xhat, scratch) / float(cols);
-  T* dx = static_cast<T*>(p.grad_x) + row * p.grad_x_ld;
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
-    float g[kVec], xhat[kVec], w[kVec], unused[kVec], out[kVec];
-    uint32_t positive = 0;
-    load_backward_inputs<T, kVec>(p, drop, row, col, mean, rstd, g, xhat, positive, 0);
-    load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+    store_dx_piece<T, kVec>(p, drop, row, col, x + col, dy + col, mean, rstd, a, b);
+  }
+}
+
+// The same with the row's x and dy in shared memory (vector path, where both fit): each is read
+// from memory once, and the sums start on the first column group while the rest land.
+template <class T, int kThreads>
+__global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNormBackwardParams p) {
+  constexpr int kVec = vec_width<T>();
+  extern __shared__ __align__(16) unsigned char shared_row_raw[];
+  __shared__ float scratch[kThreads / 32];
+  T* x_s = reinterpret_cast<T*>(shared_row_raw);
+  T* dy_s = x_s + p.cols;  // p.cols is a multiple of kVec: 16-byte aligned
+  const int64_t row = blockIdx.x;
+  const float mean = p.mean[row], rstd = p.rstd[row];
+  copy_row_pair_async(x_s, static_cast<const T*>(p.x) + row * p.x_ld, dy_s,
+                      static_cast<const T*>(p.grad) + row * p.grad_ld, p.cols);
+  const Dropout drop(p.dropout);
+  float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      out[j] = rstd * (__fmul_rn(g[j], w[j]) - a - xhat[j] * b);
-      if (p.relu && !((positive >> j) & 1u)) out[j] = 0.f;
-    }
-    store_vec<T, kVec>(dx + col, out);
+  for (int g = 0; g < kRowGroups; ++g) {
+    wait_row_group(g);
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
+      add_dx_sums<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
+    });
+  }
+  const float a = block_sum(sum_dxhat, scratch) / float(p.cols);
+  const float b = block_sum(sum_dxhat_xhat, scratch) / float(p.cols);
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
+      store_dx_piece<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
+    });
   }
 }
 
@@ -577,6 +698,22 @@ BackwardPlan plan_backward(LayerNormBackwardParams const& p) {
   return plan;
 }
 
+// dx of rows too long for registers: through shared memory where x and dy fit there together.
+template <class T, int kVec>
+void launch_backward_dx_long(LayerNormBackwardParams const& p, cudaStream_t stream) {
+  if constexpr (kVec == vec_width<T>()) {
+    int device = 0;
+    if (shared_row_fits<T>(2 * p.cols, &device)) {
+      auto kernel = layer_norm_bwd_shared_kernel<T, kLongThreads>;
+      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
+        kernel<<<unsigned(p.rows), kLongThreads, 2 * size_t(p.cols) * sizeof(T), stream>>>(p);
+        return;
+      }
+    }
+  }
+  layer_norm_bwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+}
+
 template <class T, int kVec>
 void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& plan, cudaStream_t stream) {
   const bool need_columns = p.grad_weight != nullptr || p.grad_bias != nullptr;
@@ -588,9 +725,7 @@ void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& p
   });
   int64_t parts = plan.blocks;
   if (!plan.in_registers) {
-    if (p.grad_x != nullptr) {
-      layer_norm_bwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
-    }
+    if (p.grad_x != nullptr) launch_backward_dx_long<T, kVec>(p, stream);
     if (need_columns) {
       const int64_t rows_per_split = (p.rows + plan.splits - 1) / plan.splits;
       const dim3 grid(unsigned(plan.col_blocks), unsigned(plan.splits));

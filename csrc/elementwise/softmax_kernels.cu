@@ -342,6 +342,54 @@ __global__ void __launch_bounds__(kLongThreads) softmax_backward_long_kernel(Sof
   chunk_write_grad<T, kVec>(dy, y, static_cast<T*>(p.grad_input) + row * p.grad_input_ld, 0, p.cols, p.scale, dot);
 }
 
+// Rows in shared memory (vector path, one block per row): the (max, sum) pass starts on the
+// first column group while the others are still being copied in; the write pass reads the row
+// from shared memory, so x is read from memory once.
+template <class T>
+__global__ void __launch_bounds__(kLongThreads) softmax_shared_kernel(SoftmaxParams p) {
+  constexpr int kVec = vec_width<T>();
+  extern __shared__ __align__(16) unsigned char shared_row_raw[];
+  __shared__ float scratch[32];
+  T* row_s = reinterpret_cast<T*>(shared_row_raw);
+  const int64_t row = blockIdx.x;
+  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
+
+  float m = -INFINITY, s = 0.f;
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    wait_row_group(g);
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
+      float v[kVec];
+      load_vec<T, kVec>(row_s + col, v);
+      float vmax = m;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        v[i] *= p.scale;
+        vmax = fmaxf(vmax, v[i]);
+      }
+      s = rescale(s, m, vmax);
+      const float shift = shift_of(vmax);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) s += exp_shifted(v[i], shift);
+      m = vmax;
+    });
+  }
+  const float block_m = block_max(m, scratch);
+  const float shift = shift_of(block_m);
+  const float inv = inverse_or_zero(block_sum(rescale(s, m, block_m), scratch));
+  T* y = static_cast<T*>(p.y) + row * p.y_ld;
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
+      float v[kVec];
+      load_vec<T, kVec>(row_s + col, v);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = exp_shifted(v[i] * p.scale, shift) * inv;
+      store_vec<T, kVec>(y + col, v);
+    });
+  }
+}
+
 // Split rows: grid (chunks, rows). The first kernel stores each chunk's partial; the second lets
 // every block combine its row's partials (lane-strided, then a fixed shuffle tree, so every block
 // gets identical bits) and writes its chunk.
@@ -413,6 +461,18 @@ struct ForwardOp {
   static auto long_kernel() { return softmax_long_kernel<T, kVec>; }
   static auto partial_kernel() { return softmax_partial_stats_kernel<T, kVec>; }
   static auto split_write_kernel() { return softmax_split_write_kernel<T, kVec>; }
+  // A row that fits in shared memory (vector path): read from memory once.
+  static bool launch_shared(SoftmaxParams const& p, cudaStream_t stream) {
+    if constexpr (kVec == vec_width<T>()) {
+      int device = 0;
+      if (!shared_row_fits<T>(p.cols, &device)) return false;
+      auto kernel = softmax_shared_kernel<T>;
+      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) return false;
+      kernel<<<unsigned(p.rows), kLongThreads, size_t(p.cols) * sizeof(T), stream>>>(p);
+      return true;
+    }
+    return false;
+  }
 };
 
 template <class T, int kVec>
@@ -427,6 +487,7 @@ struct BackwardOp {
   static auto long_kernel() { return softmax_backward_long_kernel<T, kVec>; }
   static auto partial_kernel() { return softmax_backward_partial_dot_kernel<T, kVec>; }
   static auto split_write_kernel() { return softmax_backward_split_write_kernel<T, kVec>; }
+  static bool launch_shared(SoftmaxBackwardParams const&, cudaStream_t) { return false; }
 };
 
 template <class Op, int kVec, int kLanes, int kPacks>
@@ -484,6 +545,7 @@ void launch_medium(typename Op::Params const& p, cudaStream_t stream) {
 template <class Op, int kVec>
 void launch_long(typename Op::Params const& p, cudaStream_t stream) {
   if (p.row_splits <= 1) {
+    if (Op::launch_shared(p, stream)) return;
     Op::long_kernel()<<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
     return;
   }

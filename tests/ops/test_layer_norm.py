@@ -92,6 +92,16 @@ def test_forward_weight_or_bias_only(device, affine):
                               peer_layer_norm(x, weight, bias, eps=1e-3), "bf16")
 
 
+def assert_relu_layer_norm_close(out, grads, x, weight, bias, grad_out, dtype_name):
+    """out and (dx, dweight, dbias) of layer_norm(x, weight, bias, relu=True) against float64 and torch."""
+    peer_out, peer = grads_of(lambda a, w, b: peer_layer_norm(a, w, b, relu=True), [x, weight, bias], grad_out)
+    ref_out, ref = grads_of(lambda a, w, b: ref_layer_norm(a, w, b, relu=True),
+                            [x.double(), weight.double(), bias.double()], grad_out.double())
+    assert_close_to_reference(out, ref_out, peer_out, dtype_name)
+    for name, o, p, r in zip(("dx", "dweight", "dbias"), grads, peer, ref):
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+
+
 # Every row-in-registers configuration of both vector widths, and the two-pass path beyond them.
 @pytest.mark.parametrize("cols", [16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384])
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
@@ -103,12 +113,34 @@ def test_every_row_config(device, dtype_name, cols):
     grad_out = rand(rows, cols, device=device, dtype=dtype)
     fn = lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=True)  # noqa: E731
     out, ours = grads_of(fn, [x, weight, bias], grad_out)
-    peer_out, peer = grads_of(lambda a, w, b: peer_layer_norm(a, w, b, relu=True), [x, weight, bias], grad_out)
-    ref_out, ref = grads_of(lambda a, w, b: ref_layer_norm(a, w, b, relu=True),
-                            [x.double(), weight.double(), bias.double()], grad_out.double())
-    assert_close_to_reference(out, ref_out, peer_out, dtype_name)
-    for name, o, p, r in zip(("dx", "dweight", "dbias"), ours, peer, ref):
-        assert_close_to_reference(o, r, p, dtype_name, what=name)
+    assert_relu_layer_norm_close(out, ours, x, weight, bias, grad_out, dtype_name)
+
+
+# Rows too long for registers: read once through shared memory where the row fits there (the
+# vector path), else the two-pass kernels. The backward's dx kernel holds x and dy, twice the
+# forward's row. Hopper gives a block up to 227 KB: 65536 fp16 columns fit the forward only,
+# 65536 fp32 columns neither.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name,cols,forward,backward", [
+    ("bf16", 16392, "shared", "shared"), ("fp16", 65536, "shared", "long"), ("fp32", 20000, "shared", "shared"),
+    ("fp32", 65536, "long", "long"), ("bf16", 20001, "long", "long")])
+def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, forward, backward):
+    dtype = DTYPES[dtype_name]
+    x = rand(7, cols, device="cuda", dtype=dtype, scale=2.0, offset=0.3)
+    weight, bias = make_affine("both", cols, "cuda", dtype)
+    grad_out = rand(7, cols, device="cuda", dtype=dtype)
+    fn = lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=True)  # noqa: E731
+    grads_of(fn, [x, weight, bias], grad_out)  # loads the extension
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, ours = grads_of(fn, [x, weight, bias], grad_out)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    forward_kernels = [n for n in names if "layer_norm_fwd" in n]
+    assert len(forward_kernels) == 1 and f"layer_norm_fwd_{forward}" in forward_kernels[0], names
+    dx_kernels = [n for n in names if "layer_norm_bwd_shared" in n or "layer_norm_bwd_long" in n]
+    assert len(dx_kernels) == 1 and f"layer_norm_bwd_{backward}" in dx_kernels[0], names
+    assert_relu_layer_norm_close(out, ours, x, weight, bias, grad_out, dtype_name)
 
 
 LAYOUTS = {
@@ -159,12 +191,14 @@ def test_saved_statistics(device):
     assert not mean.requires_grad and not rstd.requires_grad
 
 
+# 4097 columns: registers; 16392 (CUDA): a row in shared memory on the vector path.
+@pytest.mark.parametrize("cols", [4097, pytest.param(16392, marks=requires_cuda)])
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
-def test_extreme_inputs(device, dtype_name):
+def test_extreme_inputs(device, dtype_name, cols):
     dtype = DTYPES[dtype_name]
     big = 3e4 if dtype == torch.float16 else 1e6
     # Large magnitudes with a large common offset (the variance must not cancel away) ...
-    x = rand(8, 4097, device=device, dtype=dtype, scale=big / 8, offset=big / 2)
+    x = rand(8, cols, device=device, dtype=dtype, scale=big / 8, offset=big / 2)
     out = cutlass_ext.layer_norm(x)
     assert_close_to_reference(out, ref_layer_norm(x, None, None), peer_layer_norm(x, None, None), dtype_name)
     # ... and constant rows: variance 0, so y = bias, and finite gradients.
@@ -176,8 +210,9 @@ def test_extreme_inputs(device, dtype_name):
     assert torch.isfinite(x.grad).all()
 
 
-def test_nan_stays_in_its_row(device):
-    x = rand(6, 256, device=device, dtype=torch.float16)
+@pytest.mark.parametrize("cols", [256, pytest.param(16392, marks=requires_cuda)])
+def test_nan_stays_in_its_row(device, cols):
+    x = rand(6, cols, device=device, dtype=torch.float16)
     x[2, 7] = float("nan")
     out = cutlass_ext.layer_norm(x)
     assert torch.isnan(out[2]).all()
@@ -271,7 +306,8 @@ def test_rng_is_uniform_and_seed_dependent():
     assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.02
 
 
-@pytest.mark.parametrize("cols", [7, 512, 4097])
+# 16384 fp32 columns: a row in shared memory on CUDA.
+@pytest.mark.parametrize("cols", [7, 512, 4097, 16384])
 def test_dropout_mask_matches_twin(device, cols):
     x = rand(24, cols, device=device, dtype=torch.float32)
     seed = torch.tensor([987654321987], dtype=torch.int64, device=device)
@@ -328,10 +364,12 @@ def test_dropout_edge_probabilities(device, monkeypatch):
 
 
 @pytest.mark.parametrize("relu", [False, True])
-@pytest.mark.parametrize("cols", [7, 1000, pytest.param(65536, marks=requires_cuda)])
+# 16392 fp32 columns: x and dy in shared memory on CUDA; 65536: the two-pass kernel.
+@pytest.mark.parametrize("cols", [7, 1000, pytest.param(16392, marks=requires_cuda),
+                                  pytest.param(65536, marks=requires_cuda)])
 def test_backward_with_dropout(device, cols, relu):
     dtype = torch.float32
-    rows = 48 if cols < 65536 else 4
+    rows = 48 if cols <= 1000 else 4
     p = 0.25
     x = rand(rows, cols, device=device, dtype=dtype)
     weight, bias = make_affine("both", cols, device, dtype)

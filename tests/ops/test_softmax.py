@@ -60,6 +60,8 @@ CASES = {
     "262144": (_plain(2, 262144), True),
     "300001": (_plain(2, 300001), True),
     "many_long": (_plain(600, 33000), True),  # enough rows for one block per row
+    # One block per row, the row in shared memory for 16-bit types (128 KB), not for fp32 (256 KB).
+    "many_65536": (_plain(560, 65536), True),
     "rows_zero": (_plain(0, 64), False),
     "cols_zero": (_plain(4, 0), False),
     "3d": (_plain(3, 17, 96), False),
@@ -146,16 +148,24 @@ def test_scale(device, dtype_name, scale, cols):
         assert_close_to_reference(ours, ref, peer, dtype_name, what="dx")
 
 
-@pytest.mark.parametrize("cols", [7, 1000, 4097, 20000, 40000])
+# 600 x 33000 (CUDA): enough rows for a block each, so the 16-bit rows go through shared memory.
+LONG_ROW_CASES = [7, 1000, 4097, 20000, 40000, pytest.param(33000, marks=requires_cuda)]
+
+
+def rows_for(cols, few):
+    return 600 if cols == 33000 else few
+
+
+@pytest.mark.parametrize("cols", LONG_ROW_CASES)
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_neg_inf_entries_and_all_neg_inf_row(device, dtype_name, cols):
     dtype = DTYPES[dtype_name]
-    x = rand(4, cols, device=device, dtype=dtype)
+    x = rand(rows_for(cols, 4), cols, device=device, dtype=dtype)
     x[0, torch.rand(cols, device=device) < 0.5] = NEG_INF  # an attention-style mask
     x[0, 0] = 0.5  # keep one entry
     x[1] = NEG_INF  # fully masked: zeros, not NaN
     x[3, -1] = NEG_INF
-    grad_out = rand(4, cols, device=device, dtype=dtype)
+    grad_out = rand(x.shape[0], cols, device=device, dtype=dtype)
     out, ours = grads_of(cutlass_ext.softmax, x, grad_out)
     ref = ref_softmax(x)
     assert torch.isnan(torch.softmax(x.double(), -1)[1]).all(), "torch itself gives NaN for that row"
@@ -167,18 +177,18 @@ def test_neg_inf_entries_and_all_neg_inf_row(device, dtype_name, cols):
     assert torch.isfinite(ours).all()
 
 
-@pytest.mark.parametrize("cols", [7, 1000, 4097, 20000, 40000])
+@pytest.mark.parametrize("cols", LONG_ROW_CASES)
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 def test_nan_propagates(device, dtype_name, cols):
     dtype = DTYPES[dtype_name]
-    x = rand(5, cols, device=device, dtype=dtype)
+    x = rand(rows_for(cols, 5), cols, device=device, dtype=dtype)
     x[1, cols // 2] = float("nan")
     x[2] = NEG_INF  # NaN among -inf entries: still NaN, not the all -inf zeros
     x[2, -1] = float("nan")
     x[3, 0] = float("inf")  # inf - inf: torch gives NaN too
     out = cutlass_ext.softmax(x)
     assert torch.isnan(out[1:4]).all()
-    keep = [0, 4]
+    keep = [0] + list(range(4, x.shape[0]))
     assert_close_to_reference(out[keep], ref_softmax(x[keep]), peer_softmax(x[keep]), dtype_name)
 
 
@@ -240,6 +250,25 @@ def test_forward_and_backward_are_one_kernel_each(cols):
     assert sum("softmax_backward" in n for n in kernels) == 1, kernels
     assert sum("softmax" in n and "backward" not in n for n in kernels) == 1, kernels
     assert len(kernels) == 2, kernels  # no copies, no separate reductions
+
+
+# Long rows with a block each: read once through shared memory where the row fits there (the
+# vector path of a 16-bit row up to ~113K columns on Hopper), else the two-pass kernel.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name,cols,path", [("bf16", 33000, "shared"), ("fp16", 65536, "shared"),
+                                                  ("fp32", 40000, "shared"), ("fp32", 65536, "long"),
+                                                  ("bf16", 33001, "long")])
+def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, path):
+    dtype = DTYPES[dtype_name]
+    x = rand(600, cols, device="cuda", dtype=dtype)  # >= 4 rows per SM: no row splitting
+    cutlass_ext.softmax(x)  # loads the extension
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = cutlass_ext.softmax(x, scale=0.5)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "softmax" in e.name]
+    assert len(names) == 1 and f"softmax_{path}_kernel" in names[0], names
+    assert_close_to_reference(out, ref_softmax(x, scale=0.5), peer_softmax(x, scale=0.5), dtype_name)
 
 
 # ------------------------------------------------------------------------------------------------
