@@ -11,21 +11,21 @@ namespace cutlass_ext {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Kernel choice, by row length in vectors (nv = ceil(cols / kVec), kVec = 16 bytes of elements on
-// the vector path, 1 on the scalar path). A row is held in registers by kTpr threads, kVecs
-// vectors each, so it is read from memory once:
+// Forward kernel choice, by row length in vectors (nv = ceil(cols / kVec), kVec = 16 bytes of
+// elements on the vector path, 1 on the scalar path). A row is held in registers by kTpr threads,
+// kVecs vectors each, so it is read from memory once:
 //   nv <= 4, 8, 16, 32     kTpr = 4, 8, 16, 32, kVecs = 1   several rows per 256-thread block
 //   nv <= 64               kTpr = 32, kVecs = 2            a warp per row (bf16 C = 512: 8 rows/block)
 //   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 rows per 256-thread block
 //   nv <= 1024             kTpr = 512, kVecs = 2           a 512-thread block per row (bf16 C <= 8192)
 //   longer rows            a 512-thread block per row. On the vector path, where the row fits in
 //                          shared memory (bf16/fp16 up to ~113K columns on Hopper), the row is
-//                          copied there once (cp.async) and both passes read it from there;
-//                          otherwise two passes over the row in memory (the second mostly from
-//                          L2). Statistics by exact per-vector moments combined with Chan's
-//                          formula, so a large mean does not cancel the variance.
-// At most 2 vectors (16 elements) per thread: the backward keeps xhat, dy and the dweight/dbias
-// accumulators for each, and stays well under the 128 registers a 512-thread block allows.
+//                          copied there once (cp.async) and every pass reads it from there
+//                          (exact two-pass statistics); otherwise two passes over the row in
+//                          memory (the second mostly from L2), with statistics by exact
+//                          per-vector moments combined with Chan's formula, so a large mean does
+//                          not cancel the variance.
+// The backward holds one vector per thread (with_backward_row_config) up to nv = 1024.
 
 template <int kVecs_, int kTpr_, int kThreads_>
 struct RowConfig {
@@ -46,6 +46,25 @@ bool with_row_config(int64_t nv, Fn&& fn) {
   if (nv <= 256) return fn(RowConfig<2, 128, 256>{}), true;
   if (nv <= 512) return fn(RowConfig<2, 256, 256>{}), true;
   if (nv <= 1024) return fn(RowConfig<2, 512, 512>{}), true;
+  return false;
+}
+
+// The backward's rows in registers: one vector per thread (kVecs = 1), more threads per row. The
+// backward keeps x, dy and the dweight/dbias accumulators of each of its vectors in registers: with
+// two vectors a thread (the forward's configs) it needed ~104 registers, two 256-thread blocks per
+// SM (25% occupancy), and ran latency-bound at ~35% of DRAM bandwidth (bench/NOTES.md, section 7);
+// with one it needs 64, and every config below keeps 1024 threads per SM resident.
+template <class Fn>
+bool with_backward_row_config(int64_t nv, Fn&& fn) {
+  if (nv <= 4) return fn(RowConfig<1, 4, 256>{}), true;
+  if (nv <= 8) return fn(RowConfig<1, 8, 256>{}), true;
+  if (nv <= 16) return fn(RowConfig<1, 16, 256>{}), true;
+  if (nv <= 32) return fn(RowConfig<1, 32, 256>{}), true;
+  if (nv <= 64) return fn(RowConfig<1, 64, 256>{}), true;
+  if (nv <= 128) return fn(RowConfig<1, 128, 256>{}), true;
+  if (nv <= 256) return fn(RowConfig<1, 256, 256>{}), true;
+  if (nv <= 512) return fn(RowConfig<1, 512, 512>{}), true;
+  if (nv <= 1024) return fn(RowConfig<1, 1024, 1024>{}), true;
   return false;
 }
 
@@ -283,9 +302,11 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
   normalize_store<T, kVec>(p, drop, row, col, h, stats.x, stats.y);
 }
 
-// Rows in shared memory (vector path): a block per row; the statistics pass starts on the first
+// Rows in shared memory (vector path): a block per row; the statistics passes start on the first
 // column group while the others are still being copied in, and the normalize pass reads the row
-// from shared memory, so x is read from memory once.
+// from shared memory, so x is read from memory once. Per-vector moments merged with Chan's
+// formula (the two-pass-over-memory kernel's method) cost a division per vector in a kernel that
+// is instruction-bound here, so these statistics take one more pass over shared memory instead.
 template <class T, int kThreads>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
   constexpr int kVec = vec_width<T>();
@@ -294,17 +315,40 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   const int64_t row = blockIdx.x;
   copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
 
-  Moments m{0.f, 0.f, 0.f};
+  // Exact two-pass statistics over the row in shared memory: the sum (started on each column
+  // group as it lands), then the squared deviations from the mean.
+  __shared__ float scratch[kThreads / 32];
+  float sum = 0.f;
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
     wait_row_group(g);
     for_own_pieces<T>(p.cols, g, [&](int64_t col) {
       float h[kVec];
       load_vec<T, kVec>(row_s + col, h);
-      add_vector_moments<kVec>(m, h, p.relu);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum += p.relu ? act::relu(h[j]) : h[j];
     });
   }
-  const float2 stats = finish_statistics(p, block_moments<kThreads>(m), row);
+  const float mean = group_sum<kThreads>(sum, scratch) / float(p.cols);
+  float sq = 0.f;
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
+      float h[kVec];
+      load_vec<T, kVec>(row_s + col, h);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = (p.relu ? act::relu(h[j]) : h[j]) - mean;
+        sq += d * d;
+      }
+    });
+  }
+  const float rstd = rsqrtf(group_sum<kThreads>(sq, scratch) / float(p.cols) + p.eps);
+  if (threadIdx.x == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+  const float2 stats = make_float2(mean, rstd);
   const Dropout drop(p.dropout);
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
@@ -441,9 +485,10 @@ __device__ __forceinline__ void write_column_partials(LayerNormBackwardParams co
 }
 
 // Rows held in registers; the grid strides over rows so that dweight/dbias have one partial row
-// per block.
+// per block. At most 64 registers a thread (1024 threads per SM, the occupancy plan_backward
+// assumes; a few bytes spill in the 512- and 1024-thread instantiations).
 template <class T, int kVec, int kVecs, int kTpr, int kThreads>
-__global__ void __launch_bounds__(kThreads) layer_norm_bwd_rows_kernel(LayerNormBackwardParams p) {
+__global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows_kernel(LayerNormBackwardParams p) {
   constexpr int kRowsPerBlock = kThreads / kTpr;
   constexpr int kBufFloats = kRowsPerBlock > 1 ? kThreads * kVecs * kVec : 1;
   static_assert(kVecs * kVec <= 32, "the relu mask holds 32 elements per thread");
@@ -682,10 +727,9 @@ BackwardPlan plan_backward(LayerNormBackwardParams const& p) {
   BackwardPlan plan;
   plan.vec = backward_vectorizable(p) ? vec_width_of(p.dtype) : 1;
   const int64_t nv = (p.cols + plan.vec - 1) / plan.vec;
-  plan.in_registers = with_row_config(nv, [&](auto cfg) {
+  plan.in_registers = with_backward_row_config(nv, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    // About the blocks that fit at once (~100 registers a thread on the 16-bit vector path): a
-    // single wave, and few partial rows to add.
+    // The blocks that fit at once (1024 threads per SM): a single wave, and few partial rows to add.
     const int64_t resident = int64_t(std::max(p.sm_count, 1)) * (1024 / Cfg::kThreads);
     plan.blocks = std::min((p.rows + Cfg::kRowsPerBlock - 1) / Cfg::kRowsPerBlock, resident);
   });
@@ -718,7 +762,7 @@ template <class T, int kVec>
 void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& plan, cudaStream_t stream) {
   const bool need_columns = p.grad_weight != nullptr || p.grad_bias != nullptr;
   const int64_t nv = (p.cols + kVec - 1) / kVec;
-  with_row_config(nv, [&](auto cfg) {
+  with_backward_row_config(nv, [&](auto cfg) {
     using Cfg = decltype(cfg);
     layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
         <<<unsigned(plan.blocks), Cfg::kThreads, 0, stream>>>(p);
