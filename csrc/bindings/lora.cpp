@@ -3,15 +3,19 @@
 // kernels); only dropout of the LoRA input is an elementwise pass, and only when p > 0.
 //
 // Shapes: x [..., in] (as [M, in]); weight [out, in]; lora_A [r, in]; lora_B [out, r].
-//   forward   t  = drop(x) A^T                       [M, r]
+//   forward   t^T = A drop(x)^T                      [r, M]
 //             y  = act(x W^T + bias + s * t B^T)      (s t B^T first, then the main GEMM adds
 //                                                      onto it in place through its C operand)
 //   backward  dz = dy * act'(.), dbias = sum dz       (one fused pass)
-//             U  = dz B                               [M, r]
+//             U^T = B^T dz^T                          [r, M]
 //             dx = dz W + drop'(s * U A)              (the LoRA term first, masked in place when
 //                                                      p > 0, then the main GEMM adds onto it)
-//             dA = s * U^T drop(x),  dB = s * dz^T t,  dW = dz^T x   (only those requested)
+//             dA = s * U^T drop(x),  dB = (s * t^T dz)^T,  dW = dz^T x   (only those requested)
 //   merge     W += s * B A                            (one GEMM reading and writing W in place)
+// The rank-r activations t and U are kept as contiguous [r, M] (t is the op's second output in
+// that form): the products that make or read them then have r rows, which the transposed
+// small-M kernels stream over M in 64-row tiles. Computed as [M, r], the same products ran on
+// 128-wide tiles of which r columns are used, 1.4-1.55x slower (bench/NOTES.md, section 7).
 #include <torch/extension.h>
 
 #include <c10/core/DeviceGuard.h>
@@ -87,17 +91,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
   check_lora_operands(x, weight, lora_A, lora_B, op);
   const int64_t activation = activation_code(activation_name, op);
   const c10::DeviceGuard guard(x.device());
-  const int64_t in = weight.size(1), out = weight.size(0), r = lora_A.size(0);
+  const int64_t in = weight.size(1), out = weight.size(0);
   const at::IntArrayRef lead = x.sizes().slice(0, x.dim() - 1);
   const at::Tensor x2 = x.reshape({-1, in});
   const GemmOptions opts = gemm_options();
 
-  const at::Tensor t = mm(dropped(x2, dropout_p, seed, op), lora_A.t(), opts);
-  at::Tensor low_rank = mm(t, lora_B.t(), opts, float(scaling));
+  const at::Tensor t_t = mm(lora_A, dropped(x2, dropout_p, seed, op).t(), opts);  // [r, M]
+  at::Tensor low_rank = mm(t_t.t(), lora_B.t(), opts, float(scaling));
   auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, GemmExtra{1.f, low_rank, low_rank});
   y = y.view(with_last(lead, {out}));
   if (z.dim() == 2) z = z.view(with_last(lead, {out}));
-  return {y, t.view(with_last(lead, {r})), z};
+  return {y, t_t, z};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_linear_backward_cuda(
@@ -113,7 +117,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
   const at::TensorOptions options = x.options();
   const at::Tensor grad2 = grad.reshape({-1, out});
   const at::Tensor x2 = x.reshape({-1, in});
-  const at::Tensor t2 = t.reshape({-1, r});
+  CE_CHECK(t.dim() == 2 && t.size(0) == r && t.size(1) == x2.size(0), op, ": t must be lora_linear's [", r, ", ",
+           x2.size(0), "] second output, got ", shape_str(t));
   const GemmOptions opts = gemm_options();
 
   at::Tensor dz = grad2;
@@ -126,18 +131,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
     if (activation != int64_t(Activation::kNone)) dz = gz;
     dbias = gb;
   }
-  at::Tensor u;
-  if (need_x || need_A) u = mm(dz, lora_B, opts);
+  at::Tensor u_t;  // [r, M]
+  if (need_x || need_A) u_t = mm(lora_B.t().contiguous(), dz.t(), opts);
 
   at::Tensor dx = at::empty({0}, options);
   if (need_x) {
-    at::Tensor low_rank = mm(u, lora_A, opts, float(scaling));
+    at::Tensor low_rank = mm(u_t.t(), lora_A, opts, float(scaling));
     if (dropout_p > 0.0) run_dropout(low_rank, low_rank, dropout_p, seed.has_value() ? *seed : at::Tensor(), op);
     dx = std::get<0>(gemm_op(dz, weight, c10::nullopt, 0, false, opts, GemmExtra{1.f, low_rank, low_rank}));
     dx = dx.view(x.sizes());
   }
-  at::Tensor dA = need_A ? mm(u.t(), dropped(x2, dropout_p, seed, op), opts, float(scaling)) : at::empty({0}, options);
-  at::Tensor dB = need_B ? mm(dz.t(), t2, opts, float(scaling)) : at::empty({0}, options);
+  at::Tensor dA = need_A ? mm(u_t, dropped(x2, dropout_p, seed, op), opts, float(scaling)) : at::empty({0}, options);
+  at::Tensor dB = need_B ? mm(t, dz, opts, float(scaling)).t().contiguous() : at::empty({0}, options);
   at::Tensor dW = need_weight ? mm(dz.t(), x2, opts) : at::empty({0}, options);
   return {dx, dW, dA, dB, dbias};
 }

@@ -3,6 +3,9 @@ activation and input dropout in one op), its backward, and the in-place adapter 
 
     t = drop(x) @ A^T            z = x @ W^T + bias + scaling * t @ B^T            y = act(z)
 
+The op's second output is t transposed, a contiguous [r, rows] tensor (rows = x.numel() // in): the
+adapter products that make and read it have r rows, which the GEMM's small-M kernels serve best.
+
 Schemas, fake kernels, autograd and the CPU reference live here; the CUDA kernels come from the
 compiled extension (csrc/bindings/lora.cpp), which registers them when it loads on first CUDA use.
 
@@ -14,6 +17,7 @@ of saving it.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -126,7 +130,7 @@ def _lora_linear_reference(x, weight, lora_A, lora_B, bias, scaling, activation,
         z = z + bias.to(ct)
     y = _activation.apply(z, activation).to(x.dtype).contiguous()
     preact = z.to(x.dtype).contiguous() if _activation.stores_preactivation(activation, save_preact) else x.new_empty(0)
-    return y, t.to(x.dtype).contiguous(), preact
+    return y, t.reshape(-1, lora_A.shape[0]).t().to(x.dtype).contiguous(), preact
 
 
 @torch.library.register_fake("cutlass_ext::lora_linear")
@@ -134,7 +138,7 @@ def _lora_linear_fake(x, weight, lora_A, lora_B, bias, scaling, activation, drop
     lead = x.shape[:-1]
     y_shape = (*lead, weight.shape[0])
     preact = x.new_empty(y_shape) if _activation.stores_preactivation(activation, save_preact) else x.new_empty(0)
-    return x.new_empty(y_shape), x.new_empty((*lead, lora_A.shape[0])), preact
+    return x.new_empty(y_shape), x.new_empty((lora_A.shape[0], math.prod(lead))), preact
 
 
 @torch.library.impl("cutlass_ext::lora_linear", "cpu")
@@ -181,7 +185,7 @@ torch.library.register_autograd(
 
 
 # _lora_linear_backward: dz = dy * act'(saved) (saved = y for relu, z for NEEDS_PREACTIVATION, None
-# for none) and U = dz @ B; then
+# for none), t = lora_linear's second output ([r, rows]) and U = dz @ B; then
 #   dx = dz @ W + drop'(scaling * U @ A)   dA = scaling * U^T @ drop(x)   dB = scaling * dz^T @ t
 #   dweight = dz^T @ x                     dbias = sum of dz over rows
 # each only when requested; results not requested are empty tensors.
@@ -208,6 +212,9 @@ def _lora_linear_backward_reference(grad, x, weight, lora_A, lora_B, t, saved, a
     saved2 = saved.reshape(-1, out_f).to(ct) if saved is not None else None
     dz = _activation.backward(grad.reshape(-1, out_f).to(ct), saved2, activation)
     x2 = x.reshape(-1, in_f).to(ct)  # rows of x in flat row-major order, so the dropout index is unchanged
+    if tuple(t.shape) != (r, x2.shape[0]):
+        raise ValueError(f"_lora_linear_backward: t must be lora_linear's [{r}, {x2.shape[0]}] second output, "
+                         f"got shape {tuple(t.shape)}")
     A, B = lora_A.to(ct), lora_B.to(ct)
     dx, dweight, dA, dB, dbias = (x.new_empty(0) for _ in range(5))
     if need_x or need_A:
@@ -220,7 +227,7 @@ def _lora_linear_backward_reference(grad, x, weight, lora_A, lora_B, t, saved, a
     if need_A:
         dA = (scaling * torch.matmul(u.t(), _drop(x2, dropout_p, seed))).to(dtype).contiguous()
     if need_B:
-        dB = (scaling * torch.matmul(dz.t(), t.reshape(-1, r).to(ct))).to(dtype).contiguous()
+        dB = (scaling * torch.matmul(dz.t(), t.t().to(ct))).to(dtype).contiguous()
     if need_bias:
         dbias = dz.sum(0).to(dtype).contiguous()
     return dx, dweight, dA, dB, dbias

@@ -62,9 +62,10 @@ def peer_lora(x, weight, lora_A, lora_B, bias, scaling, act, keep=None, p=0.0):
 
 
 def call_op(x, weight, lora_A, lora_B, bias, act, p=0.0, seed=None, scaling=SCALING):
-    """The raw op, saving the pre-activation so the backward works for every activation."""
+    """The raw op, saving the pre-activation so the backward works for every activation; t comes
+    back as [r, rows] and is returned in x's logical shape [..., r]."""
     y, t, _ = torch.ops.cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling, act, p, seed, True)
-    return y, t
+    return y, t.t().reshape(*x.shape[:-1], lora_A.shape[0])
 
 
 def make_seed(device, value=0x1234_5678_9ABC):
@@ -135,8 +136,9 @@ def test_outputs_t_and_preact(device, act, stored):
     with fp32_precision("fp32"):
         y, t, preact = torch.ops.cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, SCALING, act, 0.0, None,
                                                           True)
-    assert t.shape == (4, 9, 8) and t.is_contiguous()
-    assert_close_to_reference(t, x.double() @ lora_A.double().t(), None, "fp32", what="t")
+    # t is returned transposed: [r, rows], contiguous.
+    assert t.shape == (8, 36) and t.is_contiguous()
+    assert_close_to_reference(t, (x.double() @ lora_A.double().t()).reshape(36, 8).t(), None, "fp32", what="t")
     if stored:
         assert_close_to_reference(preact, ref_lora(x, weight, lora_A, lora_B, bias, SCALING, "none"), None, "fp32",
                                   what="preact")
@@ -443,7 +445,7 @@ def test_opcheck_lora_linear(device, act, save, p):
 def test_opcheck_lora_linear_backward(device, act, p):
     x, weight, lora_A, lora_B, _ = _opcheck_inputs(device, grad=False)
     grad = rand(2, 24, 32, device=device, dtype=torch.bfloat16)
-    t = rand(2, 24, 8, device=device, dtype=torch.bfloat16)
+    t = rand(8, 48, device=device, dtype=torch.bfloat16)  # lora_linear's [r, rows] second output
     saved = rand(2, 24, 32, device=device, dtype=torch.bfloat16) if act != "none" else None
     seed = make_seed(device) if p > 0 else None
     for needs in [(True, True, True, True, True), (True, False, True, True, False), (False, False, True, True, False),
