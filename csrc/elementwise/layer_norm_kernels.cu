@@ -211,6 +211,10 @@ __device__ __forceinline__ void normalize_store(LayerNormParams const& p, Dropou
 // Rows held in registers: kTpr threads per row, exact two-pass statistics over the registers.
 // One row per thread group and one wave of short blocks after another: a persistent grid that
 // kept weight and bias in registers and prefetched the next row measured slower (bench/NOTES.md).
+// Every load of a thread (its x vectors, then its weight and bias vectors) is issued before any
+// value is used, so a row costs one memory round trip rather than one per vector (loads inside
+// per-vector bounds checks were issued one after another's use); addresses past the row's end
+// are clamped to its first vector and their values ignored.
 template <class T, int kVec, int kVecs, int kTpr, int kThreads>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNormParams p) {
   constexpr int kRowsPerBlock = kThreads / kTpr;
@@ -220,32 +224,44 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
   const bool row_ok = row < p.rows;
   const int64_t cols = p.cols;
   const T* x = static_cast<const T*>(p.x) + (row_ok ? row : 0) * p.x_ld;
+  const T* weight = static_cast<const T*>(p.weight);
+  const T* bias = static_cast<const T*>(p.bias);
+
+  int64_t col[kVecs];
+  bool ok[kVecs];
+  Pack<T, kVec> xs[kVecs], ws[kVecs], bs[kVecs];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    col[i] = (int64_t(i) * kTpr + lane) * kVec;
+    ok[i] = row_ok && col[i] < cols;
+    xs[i] = load_pack<T, kVec>(x + (col[i] < cols ? col[i] : 0));
+  }
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t c = col[i] < cols ? col[i] : 0;
+    if (weight != nullptr) ws[i] = load_pack<T, kVec>(weight + c);
+    if (bias != nullptr) bs[i] = load_pack<T, kVec>(bias + c);
+  }
 
   float h[kVecs][kVec];
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
-    const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-    if (row_ok && col < cols) {
-      load_vec<T, kVec>(x + col, h[i]);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if (p.relu) h[i][j] = act::relu(h[i][j]);
-        sum += h[i][j];
-      }
+    for (int j = 0; j < kVec; ++j) {
+      const float v = float(xs[i].v[j]);
+      h[i][j] = p.relu ? act::relu(v) : v;
+      if (ok[i]) sum += h[i][j];
     }
   }
   const float mean = group_sum<kTpr>(sum, scratch) / float(cols);
   float sq = 0.f;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
-    const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-    if (row_ok && col < cols) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float d = h[i][j] - mean;
-        sq += d * d;
-      }
+    for (int j = 0; j < kVec; ++j) {
+      const float d = h[i][j] - mean;
+      if (ok[i]) sq += d * d;
     }
   }
   const float rstd = rsqrtf(group_sum<kTpr>(sq, scratch) / float(cols) + p.eps);
@@ -255,10 +271,18 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
     p.rstd[row] = rstd;
   }
   const Dropout drop(p.dropout);
+  T* y = static_cast<T*>(p.y) + row * p.y_ld;
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
-    const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-    if (col < cols) normalize_store<T, kVec>(p, drop, row, col, h[i], mean, rstd);
+    if (!ok[i]) continue;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float w = weight != nullptr ? float(ws[i].v[j]) : 1.f;
+      const float b = bias != nullptr ? float(bs[i].v[j]) : 0.f;
+      h[i][j] = (h[i][j] - mean) * rstd * w + b;
+    }
+    if (drop.on) drop.apply<kVec>(h[i], uint64_t(row) * uint64_t(cols) + uint64_t(col[i]));
+    store_vec<T, kVec>(y + col[i], h[i]);
   }
 }
 
