@@ -443,22 +443,30 @@ struct ForwardFn {
 // x > 0 (relu's derivative).
 // x_src and g_src point at the piece's x and dy (in memory or in shared memory).
 template <class T, int kVec>
-__device__ __forceinline__ void load_backward_inputs_from(LayerNormBackwardParams const& p, Dropout const& drop,
-                                                          int64_t row, int64_t col, const T* x_src, const T* g_src,
-                                                          float mean, float rstd, float (&g)[kVec],
-                                                          float (&xhat)[kVec], uint32_t& positive, int bit) {
-  load_vec<T, kVec>(x_src, xhat);
-  load_vec<T, kVec>(g_src, g);
+__device__ __forceinline__ void backward_inputs(LayerNormBackwardParams const& p, Dropout const& drop, int64_t row,
+                                                int64_t col, Pack<T, kVec> const& xs, Pack<T, kVec> const& gs,
+                                                float mean, float rstd, float (&g)[kVec], float (&xhat)[kVec],
+                                                uint32_t& positive, int bit) {
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
-    float h = xhat[j];
+    float h = float(xs.v[j]);
     if (p.relu) {
       positive |= uint32_t(h > 0.f) << (bit + j);
       h = act::relu(h);
     }
     xhat[j] = (h - mean) * rstd;
+    g[j] = float(gs.v[j]);
   }
   if (drop.on) drop.apply<kVec>(g, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void load_backward_inputs_from(LayerNormBackwardParams const& p, Dropout const& drop,
+                                                          int64_t row, int64_t col, const T* x_src, const T* g_src,
+                                                          float mean, float rstd, float (&g)[kVec],
+                                                          float (&xhat)[kVec], uint32_t& positive, int bit) {
+  backward_inputs<T, kVec>(p, drop, row, col, load_pack<T, kVec>(x_src), load_pack<T, kVec>(g_src), mean, rstd, g,
+                           xhat, positive, bit);
 }
 
 template <class T, int kVec>
@@ -510,7 +518,10 @@ __device__ __forceinline__ void write_column_partials(LayerNormBackwardParams co
 
 // Rows held in registers; the grid strides over rows so that dweight/dbias have one partial row
 // per block. At most 64 registers a thread (1024 threads per SM, the occupancy plan_backward
-// assumes; a few bytes spill in the 512- and 1024-thread instantiations).
+// assumes; up to 40 bytes spill in some 16-bit instantiations). A thread's columns are the same in
+// every row, so its weight is loaded once; each row's x, dy, mean and rstd loads are issued
+// together before any is used. Loading the next row during this one's reductions needed more
+// registers than 64 (up to 192 bytes of spills) and measured 1.5-2x slower (bench/NOTES.md).
 template <class T, int kVec, int kVecs, int kTpr, int kThreads>
 __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows_kernel(LayerNormBackwardParams p) {
   constexpr int kRowsPerBlock = kThreads / kTpr;
@@ -522,38 +533,60 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
   const int64_t cols = p.cols;
   const bool need_columns = p.grad_weight != nullptr || p.grad_bias != nullptr;
   const Dropout drop(p.dropout);
+  const T* weight = static_cast<const T*>(p.weight);
 
+  int64_t col[kVecs];
+  Pack<T, kVec> ws[kVecs];
   float acc_w[kVecs][kVec], acc_b[kVecs][kVec];
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
+    col[i] = (int64_t(i) * kTpr + lane) * kVec;
+    if (weight != nullptr) ws[i] = load_pack<T, kVec>(weight + (col[i] < cols ? col[i] : 0));
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc_w[i][j] = acc_b[i][j] = 0.f;
   }
 
-  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows;
-       first += int64_t(gridDim.x) * kRowsPerBlock) {
+  // The loads of row r (clamped to the last row past the end; those values are not used).
+  Pack<T, kVec> xs[kVecs], gs[kVecs];
+  float mean = 0.f, rstd = 0.f;
+  auto load_row = [&](int64_t r) {
+    r = r < p.rows ? r : p.rows - 1;
+    const T* x = static_cast<const T*>(p.x) + r * p.x_ld;
+    const T* dy = static_cast<const T*>(p.grad) + r * p.grad_ld;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int64_t c = col[i] < cols ? col[i] : 0;
+      xs[i] = load_pack<T, kVec>(x + c);
+      gs[i] = load_pack<T, kVec>(dy + c);
+    }
+    mean = p.mean[r];
+    rstd = p.rstd[r];
+  };
+  const int64_t stride = int64_t(gridDim.x) * kRowsPerBlock;
+  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows; first += stride) {
     const int64_t row = first + threadIdx.x / kTpr;
     const bool row_ok = row < p.rows;
-    const float mean = row_ok ? p.mean[row] : 0.f;
-    const float rstd = row_ok ? p.rstd[row] : 0.f;
+    load_row(row);
+    const float row_mean = mean, row_rstd = rstd;
     float g[kVecs][kVec], xhat[kVecs][kVec];
     uint32_t positive = 0;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      backward_inputs<T, kVec>(p, drop, row, col[i], xs[i], gs[i], row_mean, row_rstd, g[i], xhat[i], positive,
+                               i * kVec);
+    }
     float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-      if (row_ok && col < cols) {
-        load_backward_inputs<T, kVec>(p, drop, row, col, mean, rstd, g[i], xhat[i], positive, i * kVec);
-        float w[kVec], unused[kVec];
-        load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+      if (!(row_ok && col[i] < cols)) continue;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float dxhat = __fmul_rn(g[i][j], w[j]);  // rounded as in the dx formula below
-          sum_dxhat += dxhat;
-          sum_dxhat_xhat += dxhat * xhat[i][j];
-          acc_w[i][j] += g[i][j] * xhat[i][j];
-          acc_b[i][j] += g[i][j];
-        }
+      for (int j = 0; j < kVec; ++j) {
+        const float w = weight != nullptr ? float(ws[i].v[j]) : 1.f;
+        const float dxhat = __fmul_rn(g[i][j], w);  // rounded as in the dx formula below
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat[i][j];
+        acc_w[i][j] += g[i][j] * xhat[i][j];
+        acc_b[i][j] += g[i][j];
       }
     }
     if (p.grad_x == nullptr) continue;  // uniform: the same for every thread
@@ -563,19 +596,17 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
     T* dx = static_cast<T*>(p.grad_x) + row * p.grad_x_ld;
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const int64_t col = (int64_t(i) * kTpr + lane) * kVec;
-      if (col < cols) {
-        float w[kVec], unused[kVec], out[kVec];
-        load_affine<T, kVec>(p.weight, nullptr, col, w, unused);
+      if (col[i] >= cols) continue;
+      float out[kVec];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          // __fmul_rn: no FMA contraction into the subtraction, so that for C = 1 (where
-          // a == g * w exactly and xhat == 0) dx is exactly 0, as the math says.
-          out[j] = rstd * (__fmul_rn(g[i][j], w[j]) - a - xhat[i][j] * b);
-          if (p.relu && !((positive >> (i * kVec + j)) & 1u)) out[j] = 0.f;
-        }
-        store_vec<T, kVec>(dx + col, out);
+      for (int j = 0; j < kVec; ++j) {
+        const float w = weight != nullptr ? float(ws[i].v[j]) : 1.f;
+        // __fmul_rn: no FMA contraction into the subtraction, so that for C = 1 (where
+        // a == g * w exactly and xhat == 0) dx is exactly 0, as the math says.
+        out[j] = row_rstd * (__fmul_rn(g[i][j], w) - a - xhat[i][j] * b);
+        if (p.relu && !((positive >> (i * kVec + j)) & 1u)) out[j] = 0.f;
       }
+      store_vec<T, kVec>(dx + col[i], out);
     }
   }
   if (!need_columns) return;
