@@ -69,6 +69,13 @@ bool with_backward_row_config(int64_t nv, Fn&& fn) {
 }
 
 constexpr int kLongThreads = 512;
+// Threads of the shared-memory forward (one row per block): 256 where four rows fit one SM's
+// shared memory, else kLongThreads. The registers allow two 512-thread or four 256-thread blocks
+// per SM, so the narrower blocks keep twice the rows in flight: measured on an H200, 16384x10240
+// bf16 1.37x and 8192x16384 1.16x faster; 4096x32768 (three rows fit) was not, and neither was
+// the backward's dx kernel (x and dy in shared memory) with 256 threads (bench/NOTES.md).
+constexpr int kSharedNarrowThreads = 256;
+constexpr int kSharedNarrowMinRows = 4;
 constexpr int kColThreadsX = 32, kColThreadsY = 8;  // the long path's dweight/dbias column kernel
 constexpr int kFinalizeThreadsY = 16;
 
@@ -413,10 +420,12 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
   int device = 0;
   if constexpr (kVec == vec_width<T>()) {
     if (shared_row_fits<T>(p.cols, &device)) {
-      auto kernel = layer_norm_fwd_shared_kernel<T, kLongThreads>;
+      const bool narrow = shared_row_fits<T>(kSharedNarrowMinRows * p.cols, &device);
+      auto kernel = narrow ? layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads>
+                           : layer_norm_fwd_shared_kernel<T, kLongThreads>;
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
         const size_t bytes = size_t(p.cols) * sizeof(T);
-        kernel<<<unsigned(p.rows), kLongThreads, bytes, stream>>>(p);
+        kernel<<<unsigned(p.rows), narrow ? kSharedNarrowThreads : kLongThreads, bytes, stream>>>(p);
         return;
       }
     }
