@@ -157,6 +157,25 @@ __device__ __forceinline__ void wait_row_group(int g) {
   }
 }
 
+// Calls fn(col) for each of this thread's pieces, group after group, each group as soon as this
+// thread's copies of it have landed (the first pass over a row copied by copy_row_async or
+// copy_row_pair_async).
+template <class T, class Fn>
+__device__ __forceinline__ void for_own_pieces_landing(int64_t cols, Fn&& fn) {
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) {
+    wait_row_group(g);
+    for_own_pieces<T>(cols, g, fn);
+  }
+}
+
+// Calls fn(col) for each of this thread's pieces of every group (later passes, once all landed).
+template <class T, class Fn>
+__device__ __forceinline__ void for_all_own_pieces(int64_t cols, Fn&& fn) {
+#pragma unroll
+  for (int g = 0; g < kRowGroups; ++g) for_own_pieces<T>(cols, g, fn);
+}
+
 // Static shared memory of the row kernels besides the row (reduction scratch), with margin.
 constexpr int64_t kSharedRowReserve = 1024;
 

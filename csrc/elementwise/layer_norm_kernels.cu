@@ -350,30 +350,23 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   // group as it lands), then the squared deviations from the mean.
   __shared__ float scratch[kThreads / 32];
   float sum = 0.f;
+  for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
+    float h[kVec];
+    load_vec<T, kVec>(row_s + col, h);
 #pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) {
-    wait_row_group(g);
-    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
-      float h[kVec];
-      load_vec<T, kVec>(row_s + col, h);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += p.relu ? act::relu(h[j]) : h[j];
-    });
-  }
+    for (int j = 0; j < kVec; ++j) sum += p.relu ? act::relu(h[j]) : h[j];
+  });
   const float mean = group_sum<kThreads>(sum, scratch) / float(p.cols);
   float sq = 0.f;
+  for_all_own_pieces<T>(p.cols, [&](int64_t col) {
+    float h[kVec];
+    load_vec<T, kVec>(row_s + col, h);
 #pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) {
-    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
-      float h[kVec];
-      load_vec<T, kVec>(row_s + col, h);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float d = (p.relu ? act::relu(h[j]) : h[j]) - mean;
-        sq += d * d;
-      }
-    });
-  }
+    for (int j = 0; j < kVec; ++j) {
+      const float d = (p.relu ? act::relu(h[j]) : h[j]) - mean;
+      sq += d * d;
+    }
+  });
   const float rstd = rsqrtf(group_sum<kThreads>(sq, scratch) / float(p.cols) + p.eps);
   if (threadIdx.x == 0) {
     p.mean[row] = mean;
@@ -381,10 +374,8 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   }
   const float2 stats = make_float2(mean, rstd);
   const Dropout drop(p.dropout);
-#pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) {
-    for_own_pieces<T>(p.cols, g, [&](int64_t col) { normalize_piece<T, kVec>(p, drop, row, col, row_s + col, stats); });
-  }
+  for_all_own_pieces<T>(p.cols,
+                        [&](int64_t col) { normalize_piece<T, kVec>(p, drop, row, col, row_s + col, stats); });
 }
 
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
@@ -694,21 +685,14 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNo
                       static_cast<const T*>(p.grad) + row * p.grad_ld, p.cols);
   const Dropout drop(p.dropout);
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
-#pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) {
-    wait_row_group(g);
-    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
-      add_dx_sums<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
-    });
-  }
+  for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
+    add_dx_sums<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
+  });
   const float a = block_sum(sum_dxhat, scratch) / float(p.cols);
   const float b = block_sum(sum_dxhat_xhat, scratch) / float(p.cols);
-#pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) {
-    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
-      store_dx_piece<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
-    });
-  }
+  for_all_own_pieces<T>(p.cols, [&](int64_t col) {
+    store_dx_piece<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
+  });
 }
 
 // dweight/dbias partials of long rows: column tiles of kColThreadsX * kVec, blockIdx.y a row split.

@@ -355,39 +355,32 @@ __global__ void __launch_bounds__(kLongThreads) softmax_shared_kernel(SoftmaxPar
   copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
 
   float m = -INFINITY, s = 0.f;
+  for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
+    float v[kVec];
+    load_vec<T, kVec>(row_s + col, v);
+    float vmax = m;
 #pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) {
-    wait_row_group(g);
-    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
-      float v[kVec];
-      load_vec<T, kVec>(row_s + col, v);
-      float vmax = m;
+    for (int i = 0; i < kVec; ++i) {
+      v[i] *= p.scale;
+      vmax = fmaxf(vmax, v[i]);
+    }
+    s = rescale(s, m, vmax);
+    const float shift = shift_of(vmax);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        v[i] *= p.scale;
-        vmax = fmaxf(vmax, v[i]);
-      }
-      s = rescale(s, m, vmax);
-      const float shift = shift_of(vmax);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) s += exp_shifted(v[i], shift);
-      m = vmax;
-    });
-  }
+    for (int i = 0; i < kVec; ++i) s += exp_shifted(v[i], shift);
+    m = vmax;
+  });
   const float block_m = block_max(m, scratch);
   const float shift = shift_of(block_m);
   const float inv = inverse_or_zero(block_sum(rescale(s, m, block_m), scratch));
   T* y = static_cast<T*>(p.y) + row * p.y_ld;
+  for_all_own_pieces<T>(p.cols, [&](int64_t col) {
+    float v[kVec];
+    load_vec<T, kVec>(row_s + col, v);
 #pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) {
-    for_own_pieces<T>(p.cols, g, [&](int64_t col) {
-      float v[kVec];
-      load_vec<T, kVec>(row_s + col, v);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = exp_shifted(v[i] * p.scale, shift) * inv;
-      store_vec<T, kVec>(y + col, v);
-    });
-  }
+    for (int i = 0; i < kVec; ++i) v[i] = exp_shifted(v[i] * p.scale, shift) * inv;
+    store_vec<T, kVec>(y + col, v);
+  });
 }
 
 // Split rows: grid (chunks, rows). The first kernel stores each chunk's partial; the second lets
