@@ -18,10 +18,11 @@ namespace {
 //   nv <= 64               kTpr = 32, kVecs = 2            a warp per row (bf16 C = 512: 8 rows/block)
 //   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 rows per 256-thread block
 //   nv <= 1024             kTpr = 512, kVecs = 2           a 512-thread block per row (bf16 C <= 8192)
-//   longer rows            a 512-thread block per row. On the vector path, where the row fits in
-//                          shared memory (bf16/fp16 up to ~113K columns on Hopper), the row is
-//                          copied there once (cp.async) and every pass reads it from there
-//                          (exact two-pass statistics); otherwise two passes over the row in
+//   longer rows            a block per row. On the vector path, where the row fits in shared
+//                          memory (bf16/fp16 up to ~113K columns on Hopper), the row is copied
+//                          there once (cp.async) and every pass reads it from there (exact
+//                          two-pass statistics; 256-thread blocks where four rows fit an SM,
+//                          else 512); otherwise 512 threads and two passes over the row in
 //                          memory (the second mostly from L2), with statistics by exact
 //                          per-vector moments combined with Chan's formula, so a large mean does
 //                          not cancel the variance.
