@@ -755,3 +755,25 @@ def test_from_peft_keeps_dropout_probability():
     _, peft_layer = _peft_model("cpu", torch.float32, lora_dropout=0.1)
     fused = cutlass_ext.FusedLoRALinear.from_peft(peft_layer)
     assert fused.lora_dropout == 0.1
+
+
+@requires_cuda
+def test_rank_r_products_avoid_wide_tiles():
+    # t = x A^T, U = dz B, dA and dB are kept as [r, rows] so that they run on the transposed
+    # small-M kernels; computed as [rows, r] they fell to the 128x128 stream-K tile with r of its
+    # 128 columns used (1.4-1.55x slower at 8192 tokens). At 4096 tokens and 4096x4096 every
+    # product here fills the machine without splitting K: no stream-K kernel may run (the
+    # scheduler's name is part of the kernel's, mangled or not; x @ lora_A.T as [rows, r] runs one).
+    x = rand(4096, 4096, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+    weight, lora_A, lora_B, _ = make_params(4096, 4096, 16, "cuda", torch.bfloat16, bias=False)
+    lora_A.requires_grad_(True)
+    lora_B.requires_grad_(True)
+    grad = rand(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=SCALING).backward(grad)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
+    assert len(names) >= 7, names  # forward: t, the rank-r term, the main GEMM; backward: U, the
+    # rank-r dx term, dz W, dA, dB
+    assert not [n for n in names if "StreamK" in n], [n[:200] for n in names if "StreamK" in n]
+    assert x.grad is not None and lora_A.grad is not None and lora_B.grad is not None
