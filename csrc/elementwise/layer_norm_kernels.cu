@@ -552,28 +552,23 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
     for (int j = 0; j < kVec; ++j) acc_w[i][j] = acc_b[i][j] = 0.f;
   }
 
-  // The loads of row r (clamped to the last row past the end; those values are not used).
-  Pack<T, kVec> xs[kVecs], gs[kVecs];
-  float mean = 0.f, rstd = 0.f;
-  auto load_row = [&](int64_t r) {
-    r = r < p.rows ? r : p.rows - 1;
+  const int64_t stride = int64_t(gridDim.x) * kRowsPerBlock;
+  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows; first += stride) {
+    const int64_t row = first + threadIdx.x / kTpr;
+    const bool row_ok = row < p.rows;
+    // The row's loads, all issued before any is used (past the last row, clamped to it; those
+    // values are not used).
+    const int64_t r = row_ok ? row : p.rows - 1;
     const T* x = static_cast<const T*>(p.x) + r * p.x_ld;
     const T* dy = static_cast<const T*>(p.grad) + r * p.grad_ld;
+    Pack<T, kVec> xs[kVecs], gs[kVecs];
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const int64_t c = col[i] < cols ? col[i] : 0;
       xs[i] = load_pack<T, kVec>(x + c);
       gs[i] = load_pack<T, kVec>(dy + c);
     }
-    mean = p.mean[r];
-    rstd = p.rstd[r];
-  };
-  const int64_t stride = int64_t(gridDim.x) * kRowsPerBlock;
-  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows; first += stride) {
-    const int64_t row = first + threadIdx.x / kTpr;
-    const bool row_ok = row < p.rows;
-    load_row(row);
-    const float row_mean = mean, row_rstd = rstd;
+    const float row_mean = p.mean[r], row_rstd = p.rstd[r];
     float g[kVecs][kVec], xhat[kVecs][kVec];
     uint32_t positive = 0;
 #pragma unroll
