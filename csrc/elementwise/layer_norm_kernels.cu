@@ -50,23 +50,19 @@ bool with_row_config(int64_t nv, Fn&& fn) {
   return false;
 }
 
-// The backward's rows in registers: one vector per thread (kVecs = 1), more threads per row. The
-// backward keeps x, dy and the dweight/dbias accumulators of each of its vectors in registers: with
-// two vectors a thread (the forward's configs) it needed ~104 registers, two 256-thread blocks per
-// SM (25% occupancy), and ran latency-bound at ~35% of DRAM bandwidth (bench/NOTES.md, section 7);
-// with one it needs 64, and every config below keeps 1024 threads per SM resident.
+// The backward's rows in registers: the forward's configs with one vector per thread (kVecs = 1)
+// and as many more threads per row. The backward keeps x, dy and the dweight/dbias accumulators
+// of each of its vectors in registers: with two vectors a thread (the forward's configs) it needed
+// ~104 registers, two 256-thread blocks per SM (25% occupancy), and ran latency-bound at ~35% of
+// DRAM bandwidth (bench/NOTES.md, section 7); with one it needs 64, and every config keeps 1024
+// threads per SM resident.
+template <class Cfg>
+using OneVectorConfig = RowConfig<1, Cfg::kVecs * Cfg::kTpr,
+                                  (Cfg::kThreads > Cfg::kVecs * Cfg::kTpr ? Cfg::kThreads : Cfg::kVecs * Cfg::kTpr)>;
+
 template <class Fn>
 bool with_backward_row_config(int64_t nv, Fn&& fn) {
-  if (nv <= 4) return fn(RowConfig<1, 4, 256>{}), true;
-  if (nv <= 8) return fn(RowConfig<1, 8, 256>{}), true;
-  if (nv <= 16) return fn(RowConfig<1, 16, 256>{}), true;
-  if (nv <= 32) return fn(RowConfig<1, 32, 256>{}), true;
-  if (nv <= 64) return fn(RowConfig<1, 64, 256>{}), true;
-  if (nv <= 128) return fn(RowConfig<1, 128, 256>{}), true;
-  if (nv <= 256) return fn(RowConfig<1, 256, 256>{}), true;
-  if (nv <= 512) return fn(RowConfig<1, 512, 512>{}), true;
-  if (nv <= 1024) return fn(RowConfig<1, 1024, 1024>{}), true;
-  return false;
+  return with_row_config(nv, [&](auto cfg) { fn(OneVectorConfig<decltype(cfg)>{}); });
 }
 
 constexpr int kLongThreads = 512;
