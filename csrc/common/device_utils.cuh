@@ -3,6 +3,8 @@
 // Torch-free, CUDA only.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <set>
@@ -179,10 +181,20 @@ __device__ __forceinline__ void for_all_own_pieces(int64_t cols, Fn&& fn) {
 // Static shared memory of the row kernels besides the row (reduction scratch), with margin.
 constexpr int64_t kSharedRowReserve = 1024;
 
-// The most dynamic shared memory one block may use on `device` (0 if unknown).
+// The most dynamic shared memory one block may use on `device` (0 if unknown), read once per
+// device: the row kernels' launchers ask on every launch. One atomic slot per device (autograd
+// runs backwards on per-device threads); a failed query is not cached.
 inline int max_dynamic_shared_bytes(int device) {
-  int bytes = 0;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  static std::array<std::atomic<int>, 64> cache{};
+  if (device < 0 || device >= int(cache.size())) return 0;
+  int bytes = cache[device].load(std::memory_order_relaxed);
+  if (bytes == 0) {
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cache[device].store(bytes, std::memory_order_relaxed);
+  }
   return bytes;
 }
 
@@ -203,16 +215,17 @@ inline cudaError_t allow_large_dynamic_shared(const void* kernel, int device) {
   return err;
 }
 
-// Whether a row of `cols` elements of T fits one block's shared memory on the current device
-// (next to kSharedRowReserve bytes of static shared memory), and that device (for
-// allow_large_dynamic_shared).
+// How many rows of `cols` elements of T fit one block's shared memory on the current device
+// (next to kSharedRowReserve bytes of static shared memory; 0: not even one), and that device
+// (for allow_large_dynamic_shared).
 template <class T>
-bool shared_row_fits(int64_t cols, int* device) {
+int64_t shared_rows_that_fit(int64_t cols, int* device) {
   if (cudaGetDevice(device) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    return 0;
   }
-  return cols * int64_t(sizeof(T)) + kSharedRowReserve <= int64_t(max_dynamic_shared_bytes(*device));
+  const int64_t budget = int64_t(max_dynamic_shared_bytes(*device)) - kSharedRowReserve;
+  return budget > 0 ? budget / (cols * int64_t(sizeof(T))) : 0;
 }
 
 // Calls f(std::integral_constant<int, code>{}) for an activation code, so that each activation

@@ -412,8 +412,9 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
   if (in_registers) return;
   int device = 0;
   if constexpr (kVec == vec_width<T>()) {
-    if (shared_row_fits<T>(p.cols, &device)) {
-      const bool narrow = shared_row_fits<T>(kSharedNarrowMinRows * p.cols, &device);
+    const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
+    if (rows_that_fit >= 1) {
+      const bool narrow = rows_that_fit >= kSharedNarrowMinRows;
       auto kernel = narrow ? layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads>
                            : layer_norm_fwd_shared_kernel<T, kLongThreads>;
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
@@ -792,7 +793,7 @@ template <class T, int kVec>
 void launch_backward_dx_long(LayerNormBackwardParams const& p, cudaStream_t stream) {
   if constexpr (kVec == vec_width<T>()) {
     int device = 0;
-    if (shared_row_fits<T>(2 * p.cols, &device)) {
+    if (shared_rows_that_fit<T>(2 * p.cols, &device) >= 1) {
       auto kernel = layer_norm_bwd_shared_kernel<T, kLongThreads>;
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
         kernel<<<unsigned(p.rows), kLongThreads, 2 * size_t(p.cols) * sizeof(T), stream>>>(p);

@@ -458,7 +458,7 @@ struct ForwardOp {
   static bool launch_shared(SoftmaxParams const& p, cudaStream_t stream) {
     if constexpr (kVec == vec_width<T>()) {
       int device = 0;
-      if (!shared_row_fits<T>(p.cols, &device)) return false;
+      if (shared_rows_that_fit<T>(p.cols, &device) < 1) return false;
       auto kernel = softmax_shared_kernel<T>;
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) return false;
       kernel<<<unsigned(p.rows), kLongThreads, size_t(p.cols) * sizeof(T), stream>>>(p);
