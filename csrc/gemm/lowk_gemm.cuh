@@ -1,14 +1,19 @@
 // Short-K GEMM (K <= 64: LoRA rank-r products and merges, narrow input layers), hand-written.
 //   D = act(alpha * A B + beta * C + bias), optionally Aux = the pre-activation; 16-bit types.
 // With K <= 64 each output element costs at most 64 multiply-adds but 2-3 memory accesses (C read,
-// D written), so the kernel is a stream over C and D: a CUTLASS mainloop with a single k-tile per
-// output tile leaves its one CTA per SM waiting on the epilogue's loads and stores. Here small
-// blocks (64x128 outputs) run several to an SM: each loads its A and B tiles (all of K at once)
-// into shared memory, prefetches its C tile into registers, multiplies with mma.sync
-// (m16n8k16, fp32 accumulation), stages the fp32 tile through shared memory and writes it back
-// with 16-byte accesses.
+// D written), so the kernel is a stream over C and D. Persistent blocks (as many as fit the SMs)
+// each walk a contiguous range of 64x128 output tiles, M fastest. While a tile is multiplied and
+// written, the next tile's A (and C) tiles are already on their way into shared memory by
+// cp.async, so a block never waits on a load between tiles; the B tile is reloaded only when the
+// range crosses into the next column of tiles. Operands are copied in their own layout with
+// 16-byte accesses and fed to mma.sync (m16n8k16, fp32 accumulation) by ldmatrix, transposing
+// M- or N-major tiles on the way (.trans). The fp32 tile is staged through shared memory and
+// written with 16-byte accesses.
 #pragma once
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -20,34 +25,30 @@
 namespace cutlass_ext::lowk {
 
 constexpr int kTileM = 64, kTileN = 128, kMaxK = 64;
-constexpr int kThreads = 256;             // 8 warps: 2 along M x 4 along N, 32x32 outputs each
-constexpr int kOperandStride = kMaxK + 8;  // shared rows of A and B^T, padded against bank conflicts
-constexpr int kAccStride = kTileN + 8;     // fp32 staging rows
-constexpr int kVec = 8;                    // 16-bit elements per 16-byte access
+constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N, 32x32 outputs each
+constexpr int kVec = 8;        // 16-bit elements per 16-byte access
+// Shared operand tiles, each in its operand's own layout, rows padded by one 16-byte piece so
+// that the eight rows an ldmatrix phase reads start on distinct banks.
+constexpr int kKRow = kMaxK + kVec;   // K-major tiles: [line][k]
+constexpr int kARow = kTileM + kVec;  // M-major A tiles: [k][m]
+constexpr int kBRow = kTileN + kVec;  // N-major B tiles: [k][n]
+constexpr int kAccRow = kTileN + 8;   // fp32 staging rows
+constexpr int kAElems = kTileM * kKRow > kMaxK * kARow ? kTileM * kKRow : kMaxK * kARow;
+constexpr int kBElems = kTileN * kKRow > kMaxK * kBRow ? kTileN * kKRow : kMaxK * kBRow;
+constexpr int kCElems = kTileM * kTileN;
+// Dynamic shared memory: the fp32 staging tile, the B tile, two A tiles and (with C) two C tiles.
+constexpr int kBOffset = kTileM * kAccRow * 4;
+constexpr int kAOffset = kBOffset + kBElems * 2;
+constexpr int kCOffset = kAOffset + 2 * kAElems * 2;
+constexpr int kSharedBytesNoC = kCOffset;
+constexpr int kSharedBytesWithC = kCOffset + 2 * kCElems * 2;
 // The epilogue gives each lane 8 adjacent columns (16-byte accesses to C and D): 16 lanes per
 // row, 16 rows per pass, 4 passes. A lane reads its 8 fp32 sums as two 16-byte chunks of the
 // staging row, the even chunk first in lanes 0-3 of each group of 8 and the odd one first in
 // lanes 4-7, so that every 8-lane phase of a read touches 32 distinct banks.
-constexpr int kLanesPerRow = kTileN / kVec;               // 16
-constexpr int kRowsPerPass = kThreads / kLanesPerRow;     // 16
-constexpr int kPasses = kTileM / kRowsPerPass;            // 4
-
-template <class T>
-struct alignas(16) Operands {
-  T a[kTileM][kOperandStride];  // A tile, K contiguous
-  T b[kTileN][kOperandStride];  // B^T tile, K contiguous
-};
-
-template <class T>
-union SharedStorage {
-  Operands<T> operands;
-  float acc[kTileM][kAccStride];
-};
-
-template <class T>
-__device__ __forceinline__ uint32_t pair_at(const T* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
+constexpr int kLanesPerRow = kTileN / kVec;            // 16
+constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // 16
+constexpr int kPasses = kTileM / kRowsPerPass;         // 4
 
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -66,144 +67,245 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   }
 }
 
-// Copies a [rows, K] operand tile into shared memory with K contiguous. `k_major`: the operand
-// is contiguous along K (vectors along K), else along rows (vectors along rows, transposed on
-// the way in). Out-of-range rows and K up to `k_pad` are zero.
-template <class T, int kRowsTile>
-__device__ __forceinline__ void load_operand(T (*dst)[kOperandStride], const T* src, int64_t stride_row,
-                                             int64_t stride_k, bool k_major, int rows, int K, int k_pad) {
-  const T zero = T(0.f);
+// Four 8x8 16-bit matrices from shared memory (lane l gives row l % 8 of matrix l / 8); with
+// `trans` each is delivered transposed.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if (trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+}
+
+// 16 bytes from global to shared memory without registers; zeros instead when !valid (`src`
+// must still be a valid address).
+__device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Starts copying an operand tile of kLines lines (rows of A, columns of B) by k_pad into shared
+// memory in its own layout: K-major as [line][k] (kKRow a row), else [k][line] (kLineRow a
+// row). Lines from `valid_lines` on and k from K on are zero. K is a multiple of kVec, and so
+// is valid_lines for an MN-major tile (run() checks), so every 16-byte piece is all in or all out.
+template <class T, int kLines, int kLineRow>
+__device__ __forceinline__ void copy_operand(T* dst, const T* src, int64_t stride_line, int64_t stride_k,
+                                             bool k_major, int valid_lines, int K, int k_pad) {
   if (k_major) {
     const int chunks = k_pad / kVec;
-    for (int i = threadIdx.x; i < kRowsTile * chunks; i += kThreads) {
-      const int r = i / chunks, k = (i % chunks) * kVec;
-      Pack<T, kVec> v;
-      if (r < rows && k < K) {
-        v = load_pack<T, kVec>(src + r * stride_row + k);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v.v[j] = zero;
-      }
-      store_pack<T, kVec>(&dst[r][k], v);
+    for (int i = threadIdx.x; i < kLines * chunks; i += kThreads) {
+      const int line = i / chunks, k = (i % chunks) * kVec;
+      const bool valid = line < valid_lines && k < K;
+      cp_async_16_or_zero(dst + line * kKRow + k, valid ? src + line * stride_line + k : src, valid);
     }
   } else {
-    constexpr int chunks = kRowsTile / kVec;
+    constexpr int chunks = kLines / kVec;
     for (int i = threadIdx.x; i < chunks * k_pad; i += kThreads) {
-      const int k = i / chunks, r = (i % chunks) * kVec;
-      Pack<T, kVec> v;
-      if (r < rows && k < K) {
-        v = load_pack<T, kVec>(src + int64_t(k) * stride_k + r);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v.v[j] = zero;
-      }
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) dst[r + j][k] = v.v[j];
+      const int k = i / chunks, line = (i % chunks) * kVec;
+      const bool valid = line < valid_lines && k < K;
+      cp_async_16_or_zero(dst + k * kLineRow + line, valid ? src + k * stride_k + line : src, valid);
     }
   }
 }
+
+// Output tile t of a block's range: batch l, first row m0 and column n0 (M fastest, then N, then L).
+struct TileGrid {
+  int tiles_m, tiles_n;
+  int64_t per_batch;
+  __device__ __forceinline__ void at(int64_t t, int64_t& l, int& m0, int& n0) const {
+    l = t / per_batch;
+    const int64_t rest = t - l * per_batch;
+    n0 = int(rest / tiles_m) * kTileN;
+    m0 = int(rest % tiles_m) * kTileM;
+  }
+};
 
 // kAct: the activation, a template parameter so that each instantiation inlines only its own
 // (a run-time switch over all of them, unrolled over the epilogue, overflowed the instruction
 // cache: 36% of the stalls on an H200).
 template <class T, int kAct>
 __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major) {
-  __shared__ SharedStorage<T> smem;
-  const int m0 = blockIdx.y * kTileM, n0 = blockIdx.x * kTileN;
-  const int64_t l = blockIdx.z;
-  const int rows = min(kTileM, p.M - m0), cols = min(kTileN, p.N - n0);
+  extern __shared__ __align__(16) unsigned char shared[];
+  auto staged = reinterpret_cast<float (*)[kAccRow]>(shared);
+  T* const b_tile = reinterpret_cast<T*>(shared + kBOffset);
+  T* const a_tiles = reinterpret_cast<T*>(shared + kAOffset);
+  T* const c_tiles = reinterpret_cast<T*>(shared + kCOffset);
+
+  TileGrid grid{(p.M + kTileM - 1) / kTileM, (p.N + kTileN - 1) / kTileN, 0};
+  grid.per_batch = int64_t(grid.tiles_m) * grid.tiles_n;
+  const int64_t total = grid.per_batch * p.L;
+  const int64_t begin = total * blockIdx.x / gridDim.x, end = total * (blockIdx.x + 1) / gridDim.x;
+  if (begin >= end) return;
+  const int k_pad = (p.K + 15) / 16 * 16;
+  const T* const C = static_cast<const T*>(p.C);
   // Epilogue accesses of this thread: rows e_row + 16 * pass, columns e_col .. e_col + 7.
   const int e_col = (threadIdx.x % kLanesPerRow) * kVec;
   const int e_row = threadIdx.x / kLanesPerRow;
-  const bool e_live = e_col < cols;
 
-  // The C tile streams in while the operands load and multiply.
-  Pack<T, kVec> c_tile[kPasses];
-  const T* C = static_cast<const T*>(p.C);
-  if (C != nullptr && e_live) {
-    const T* c_row = C + l * p.c_stride_l + int64_t(m0 + e_row) * p.c_stride_m + n0 + e_col;
-    const int64_t c_step = int64_t(kRowsPerPass) * p.c_stride_m;
+  // Starts the copies of tile t's A tile and C tile (this thread's own epilogue pieces) into
+  // buffer `buf`, as one commit group.
+  auto copy_a_and_c = [&](int64_t t, int buf) {
+    int64_t l;
+    int m0, n0;
+    grid.at(t, l, m0, n0);
+    const T* A = static_cast<const T*>(p.A) + l * p.a_stride_l + int64_t(m0) * p.a_stride_m;
+    copy_operand<T, kTileM, kARow>(a_tiles + buf * kAElems, A, p.a_stride_m, p.a_stride_k, a_k_major, p.M - m0,
+                                   p.K, k_pad);
+    if (C != nullptr && e_col < p.N - n0) {
+      const T* c_row = C + l * p.c_stride_l + int64_t(m0 + e_row) * p.c_stride_m + n0 + e_col;
+      T* c_dst = c_tiles + buf * kCElems + e_row * kTileN + e_col;
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i, c_row += c_step) {
-      if (e_row + i * kRowsPerPass < rows) c_tile[i] = load_pack<T, kVec>(c_row);
+      for (int i = 0; i < kPasses; ++i) {
+        if (m0 + e_row + i * kRowsPerPass < p.M) {
+          cp_async_16_or_zero(c_dst + i * kRowsPerPass * kTileN, c_row + int64_t(i) * kRowsPerPass * p.c_stride_m,
+                              true);
+        }
+      }
     }
-  }
+    cp_async_commit();
+  };
+  auto copy_b = [&](int64_t l, int n0) {
+    const T* B = static_cast<const T*>(p.B) + l * p.b_stride_l + int64_t(n0) * p.b_stride_n;
+    copy_operand<T, kTileN, kBRow>(b_tile, B, p.b_stride_n, p.b_stride_k, b_k_major, p.N - n0, p.K, k_pad);
+  };
 
-  const int k_pad = (p.K + 15) / 16 * 16;
-  const T* A = static_cast<const T*>(p.A) + l * p.a_stride_l + int64_t(m0) * p.a_stride_m;
-  const T* B = static_cast<const T*>(p.B) + l * p.b_stride_l + int64_t(n0) * p.b_stride_n;
-  load_operand<T, kTileM>(smem.operands.a, A, p.a_stride_m, p.a_stride_k, a_k_major, rows, p.K, k_pad);
-  load_operand<T, kTileN>(smem.operands.b, B, p.b_stride_n, p.b_stride_k, b_k_major, cols, p.K, k_pad);
-  __syncthreads();
+  int64_t b_l;
+  int b_n0, unused;
+  grid.at(begin, b_l, unused, b_n0);
+  copy_b(b_l, b_n0);
+  copy_a_and_c(begin, 0);
 
-  // Warp (wm, wn) owns rows 32 wm .. +32 and columns 32 wn .. +32: 2 x 4 mma tiles of 16x8.
+  // ldmatrix rows of this lane: lane l addresses row l % 8 of matrix l / 8.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wm = warp / 4, wn = warp % 4, g = lane >> 2, t = lane & 3;
-  float acc[2][4][4] = {};
-  for (int k = 0; k < k_pad; k += 16) {
-    uint32_t a[2][4], b[4][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = wm * 32 + i * 16 + g;
-      a[i][0] = pair_at(&smem.operands.a[r][k + 2 * t]);
-      a[i][1] = pair_at(&smem.operands.a[r + 8][k + 2 * t]);
-      a[i][2] = pair_at(&smem.operands.a[r][k + 2 * t + 8]);
-      a[i][3] = pair_at(&smem.operands.a[r + 8][k + 2 * t + 8]);
+  const int wm = warp / 4, wn = warp % 4, q_lo = (lane >> 3) & 1, q_hi = lane >> 4, row8 = lane & 7;
+  for (int64_t t = begin; t < end; ++t) {
+    const int buf = int((t - begin) & 1);
+    int64_t l;
+    int m0, n0;
+    grid.at(t, l, m0, n0);
+    // Tile t's copies have landed, and every thread is past tile t-1 (its multiply read the
+    // other A buffer and the B tile, its epilogue the staging tile and the other C buffer).
+    cp_async_wait_all();
+    __syncthreads();
+    if (l != b_l || n0 != b_n0) {  // the range moved on to the next column of tiles
+      copy_b(l, n0);
+      cp_async_commit();
+      cp_async_wait_all();
+      __syncthreads();
+      b_l = l;
+      b_n0 = n0;
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int n = wn * 32 + j * 8 + g;
-      b[j][0] = pair_at(&smem.operands.b[n][k + 2 * t]);
-      b[j][1] = pair_at(&smem.operands.b[n][k + 2 * t + 8]);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) mma_16816<T>(acc[i][j], a[i], b[j]);
-    }
-  }
-  __syncthreads();  // the operands' shared memory becomes the fp32 staging tile
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = wm * 32 + i * 16 + g, c = wn * 32 + j * 8 + 2 * t;
-      *reinterpret_cast<float2*>(&smem.acc[r][c]) = make_float2(acc[i][j][0], acc[i][j][1]);
-      *reinterpret_cast<float2*>(&smem.acc[r + 8][c]) = make_float2(acc[i][j][2], acc[i][j][3]);
-    }
-  }
-  __syncthreads();
+    if (t + 1 < end) copy_a_and_c(t + 1, buf ^ 1);
 
-  if (!e_live) return;
-  float bias[kVec] = {};
-  if (p.bias != nullptr) load_vec<T, kVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
-  const float alpha = p.alpha, beta = p.beta;
-  const bool odd_first = (threadIdx.x >> 2) & 1;
-  // Row pointers stepped per pass (the aux one only when there is an aux output: it starts null).
-  const bool has_aux = p.aux != nullptr;
-  T* d_row = static_cast<T*>(p.D) + l * p.d_stride_l + int64_t(m0 + e_row) * p.d_stride_m + n0 + e_col;
-  T* aux_row = has_aux ? static_cast<T*>(p.aux) + l * p.aux_stride_l + int64_t(m0 + e_row) * p.aux_stride_m + n0 + e_col
-                       : nullptr;
-  const int64_t d_step = int64_t(kRowsPerPass) * p.d_stride_m;
-  const int64_t aux_step = has_aux ? int64_t(kRowsPerPass) * p.aux_stride_m : 0;
+    // Warp (wm, wn) owns rows 32 wm .. +32 and columns 32 wn .. +32: 2 x 4 mma tiles of 16x8.
+    // Fragments by ldmatrix: K-major tiles as stored, MN-major ones transposed.
+    const T* a_tile = a_tiles + buf * kAElems;
+    float acc[2][4][4] = {};
+#pragma unroll 1
+    for (int k0 = 0; k0 < k_pad; k0 += 16) {
+      uint32_t a[2][4], b[4][2];
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i, d_row += d_step, aux_row += aux_step) {
-    const int r = e_row + i * kRowsPerPass;
-    if (r >= rows) break;
-    const float4* staged = reinterpret_cast<const float4*>(&smem.acc[r][e_col]);
-    const float4 first = staged[odd_first ? 1 : 0], second = staged[odd_first ? 0 : 1];
-    const float4 lo = odd_first ? second : first, hi = odd_first ? first : second;
-    const float sums[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    float v[kVec], y[kVec];
+      for (int i = 0; i < 2; ++i) {
+        const int m = wm * 32 + i * 16;
+        const T* row = a_k_major ? a_tile + (m + row8 + 8 * q_lo) * kKRow + k0 + 8 * q_hi
+                                 : a_tile + (k0 + row8 + 8 * q_hi) * kARow + m + 8 * q_lo;
+        ldmatrix_x4(a[i], row, !a_k_major);
+      }
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      v[j] = alpha * sums[j] + bias[j];
-      if (C != nullptr) v[j] += beta * float(c_tile[i].v[j]);
-      y[j] = act::forward(kAct, v[j]);
+      for (int j = 0; j < 2; ++j) {
+        const int n = wn * 32 + j * 16;
+        const T* row = b_k_major ? b_tile + (n + row8 + 8 * q_hi) * kKRow + k0 + 8 * q_lo
+                                 : b_tile + (k0 + row8 + 8 * q_lo) * kBRow + n + 8 * q_hi;
+        uint32_t r[4];
+        ldmatrix_x4(r, row, !b_k_major);
+        b[2 * j][0] = r[0];
+        b[2 * j][1] = r[1];
+        b[2 * j + 1][0] = r[2];
+        b[2 * j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma_16816<T>(acc[i][j], a[i], b[j]);
+      }
     }
-    if (has_aux) store_vec<T, kVec>(aux_row, v);
-    store_vec<T, kVec>(d_row, y);
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = wm * 32 + i * 16 + g, c = wn * 32 + j * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(&staged[r][c]) = make_float2(acc[i][j][0], acc[i][j][1]);
+        *reinterpret_cast<float2*>(&staged[r + 8][c]) = make_float2(acc[i][j][2], acc[i][j][3]);
+      }
+    }
+    __syncthreads();
+
+    const int rows = min(kTileM, p.M - m0), cols = min(kTileN, p.N - n0);
+    if (e_col < cols) {
+      float bias[kVec] = {};
+      if (p.bias != nullptr) load_vec<T, kVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
+      const float alpha = p.alpha, beta = p.beta;
+      const bool odd_first = (threadIdx.x >> 2) & 1;
+      // Row pointers stepped per pass (the aux one only when there is an aux output).
+      const bool has_aux = p.aux != nullptr;
+      T* d_row = static_cast<T*>(p.D) + l * p.d_stride_l + int64_t(m0 + e_row) * p.d_stride_m + n0 + e_col;
+      T* aux_row = has_aux ? static_cast<T*>(p.aux) + l * p.aux_stride_l + int64_t(m0 + e_row) * p.aux_stride_m +
+                                 n0 + e_col
+                           : nullptr;
+      const int64_t d_step = int64_t(kRowsPerPass) * p.d_stride_m;
+      const int64_t aux_step = has_aux ? int64_t(kRowsPerPass) * p.aux_stride_m : 0;
+      const T* c_src = c_tiles + buf * kCElems + e_row * kTileN + e_col;
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i, d_row += d_step, aux_row += aux_step) {
+        const int r = e_row + i * kRowsPerPass;
+        if (r >= rows) break;
+        const float4* sums4 = reinterpret_cast<const float4*>(&staged[r][e_col]);
+        const float4 first = sums4[odd_first ? 1 : 0], second = sums4[odd_first ? 0 : 1];
+        const float4 lo = odd_first ? second : first, hi = odd_first ? first : second;
+        const float sums[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        float v[kVec], y[kVec];
+        Pack<T, kVec> c_piece;
+        if (C != nullptr) c_piece = load_pack<T, kVec>(c_src + i * kRowsPerPass * kTileN);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          v[j] = alpha * sums[j] + bias[j];
+          if (C != nullptr) v[j] += beta * float(c_piece.v[j]);
+          y[j] = act::forward(kAct, v[j]);
+        }
+        if (has_aux) store_vec<T, kVec>(aux_row, v);
+        store_vec<T, kVec>(d_row, y);
+      }
+    }
   }
+}
+
+// Blocks of lowk_gemm_kernel<T, kAct> that fit one SM of `device` with `smem` bytes of dynamic
+// shared memory, asked once per kernel, shared-memory size and device.
+template <class T, int kAct>
+int resident_blocks(bool with_c, int smem, int device) {
+  static std::array<std::array<std::atomic<int>, 2>, 64> cache{};
+  if (device < 0 || device >= int(cache.size())) return 1;
+  std::atomic<int>& slot = cache[device][with_c ? 1 : 0];
+  int blocks = slot.load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, lowk_gemm_kernel<T, kAct>, kThreads, smem) !=
+            cudaSuccess ||
+        blocks < 1) {
+      (void)cudaGetLastError();
+      return 1;
+    }
+    slot.store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
 }
 
 template <class Element>
@@ -215,9 +317,6 @@ struct GemmBundle {
 
   static LaunchResult run(GemmParams const& p, void*, cudaStream_t stream) {
     if (p.K > kMaxK) return {"can_implement", "the short-K GEMM takes K <= 64"};
-    if (p.L > 65535 || (p.M + kTileM - 1) / kTileM > 65535) {
-      return {"can_implement", "the short-K GEMM takes at most 65535 batches and 65535 * 64 rows"};
-    }
     // Operand, C and D accesses are 16-byte vectors along the contiguous dimension.
     const bool a_k_major = p.a_stride_k == 1, b_k_major = p.b_stride_k == 1;
     auto ok = [](int64_t s) { return s % kVec == 0; };
@@ -233,10 +332,24 @@ struct GemmBundle {
     if (!(a_k_major || p.a_stride_m == 1) || !(b_k_major || p.b_stride_n == 1)) {
       return {"can_implement", "the short-K GEMM needs a unit stride in each operand"};
     }
-    const dim3 grid(unsigned((p.N + kTileN - 1) / kTileN), unsigned((p.M + kTileM - 1) / kTileM), unsigned(p.L));
+    const int64_t tiles = int64_t((p.M + kTileM - 1) / kTileM) * ((p.N + kTileN - 1) / kTileN) * p.L;
+    if (tiles == 0) return {};
+    const bool with_c = p.C != nullptr;
+    const int smem = with_c ? kSharedBytesWithC : kSharedBytesNoC;
+    LaunchResult result;
     dispatch_activation(p.activation, [&](auto act) {
-      lowk_gemm_kernel<T, decltype(act)::value><<<grid, kThreads, 0, stream>>>(p, a_k_major, b_k_major);
+      constexpr int kAct = decltype(act)::value;
+      const cudaError_t err = allow_large_dynamic_shared(reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct>), p.device);
+      if (err != cudaSuccess) {
+        result = {"initialize", cudaGetErrorString(err)};
+        return;
+      }
+      // Persistent blocks: one wave, each walking its share of the tiles.
+      const int64_t slots = int64_t(std::max(p.sm_count, 1)) * resident_blocks<T, kAct>(with_c, smem, p.device);
+      const unsigned blocks = unsigned(std::min(tiles, slots));
+      lowk_gemm_kernel<T, kAct><<<blocks, kThreads, smem, stream>>>(p, a_k_major, b_k_major);
     });
+    if (!result.ok()) return result;
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
     return {};

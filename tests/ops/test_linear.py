@@ -502,6 +502,39 @@ def test_lowk_kernel(dtype_name, layouts, k, monkeypatch):
 
 
 @requires_cuda
+@pytest.mark.parametrize("layouts", ["kk", "kn", "mk", "mn"])
+def test_lowk_kernel_walks_many_tiles_per_block(layouts, monkeypatch):
+    # The kernel's blocks are persistent: with more 64x128 tiles than fit the GPU at once each
+    # block walks a range of them, M fastest, prefetching the next tile's A (and C) while it
+    # writes one, and reloading B where its range enters the next column of tiles (or batch).
+    # 3 x 1000 x 2056 has 3 * 16 * 17 = 816 tiles (partial in M and N) in three batches.
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", "lowk_64x128")
+    L, m, k, n = 3, 1000, 16, 2056
+    A = rand(L, m, k, device="cuda", dtype=torch.bfloat16)
+    if layouts[0] == "m":
+        A = rand(L, k, m, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    B = rand(L, k, n, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    if layouts[1] == "k":
+        B = rand(L, n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5).transpose(1, 2)
+    out, names = _gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
+    assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
+    assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
+    # With C, in place, over 2048 x 4096 (512 tiles): a merge W += s * lora_B @ lora_A.
+    W = rand(2048, 4096, device="cuda", dtype=torch.bfloat16)
+    lora_B = rand(2048, k, device="cuda", dtype=torch.bfloat16)
+    lora_A = rand(k, 4096, device="cuda", dtype=torch.bfloat16)
+    if layouts[0] == "m":
+        lora_B = rand(k, 2048, device="cuda", dtype=torch.bfloat16).t()
+    if layouts[1] == "k":
+        lora_A = rand(4096, k, device="cuda", dtype=torch.bfloat16).t()
+    W0 = W.clone()
+    _, names = _gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, lora_A, lora_B, 0.5))
+    assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
+    assert_close_to_reference(W, W0.double() + 0.5 * (lora_B.double() @ lora_A.double()),
+                              torch.addmm(W0, lora_B, lora_A, alpha=0.5), "bf16", what="merged W")
+
+
+@requires_cuda
 def test_lowk_kernel_batched():
     A = rand(3, 100, 32, device="cuda", dtype=torch.bfloat16)
     B = rand(3, 32, 264, device="cuda", dtype=torch.bfloat16, scale=32 ** -0.5)
