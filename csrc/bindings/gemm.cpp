@@ -128,11 +128,13 @@ int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_
 // Rows up to which the transposed product is preferred (when such kernels are built).
 constexpr int64_t kTransposedMaxM = 256;
 // The hand-written short-K kernel holds all of K in shared memory (K <= 64); it is preferred up to
-// K = 32. Measured on an H200 (bench/gemm_configs.py --set shortk): at K = 16 it beat every CUTLASS
-// config by 1.2-1.5x; at K = 64 the 64x128 ping-pong CUTLASS tile was up to 1.3x faster from
-// 8192 rows on.
+// K = 32, and up to K = 64 for at most 8192 rows. Measured on an H200 (bench/gemm_configs.py --set
+// shortk, persistent short-K kernel): at K = 16 it beat every CUTLASS config on every shape; at
+// K = 64 it beat the CUTLASS default up to 8192 rows (2048 x 64 x 4096: 20.5 vs 25.7 us) and lost
+// to it at 32768 rows (198.9 vs 187.7 us).
 constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
+constexpr int64_t kLowKLongMaxRows = 8192;
 
 bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") == 0; }
 
@@ -151,7 +153,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   }
   // A short K makes the product a stream over C and D: the hand-written kernel's case.
   for (const GemmKernelEntry* e : candidates) {
-    if (is_lowk(*e) && K <= kLowKPreferredMaxK) return e;
+    if (is_lowk(*e) && (K <= kLowKPreferredMaxK || (K <= kLowKMaxK && M * L <= kLowKLongMaxRows))) return e;
   }
   std::vector<const GemmKernelEntry*> cutlass;
   for (const GemmKernelEntry* e : candidates) {

@@ -461,7 +461,11 @@ def _gemm_kernels_run(fn):
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,k,n,hand_written", [(300, 16, 392, True), (8, 32, 392, True), (300, 40, 392, False)])
+@pytest.mark.parametrize(
+    "m,k,n,hand_written",
+    [(300, 16, 392, True), (8, 32, 392, True), (300, 40, 392, True), (8192, 64, 256, True), (8200, 40, 392, False),
+     (300, 72, 392, False)],
+)
 def test_heuristic_takes_the_short_k_kernel_where_it_applies(m, k, n, hand_written):
     A = rand(m, k, device="cuda", dtype=torch.bfloat16)
     W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
