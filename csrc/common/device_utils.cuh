@@ -125,13 +125,25 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem));
 }
 
+// The same, or 16 zero bytes when !valid (`gmem` must still be a valid address).
+__device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* gmem, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+// Closes this thread's current group of cp.async copies.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until all of this thread's cp.async copies have landed.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Issues the copies of every group of a row (in order, one commit group each).
 template <class T>
 __device__ __forceinline__ void copy_row_async(T* dst, const T* src, int64_t cols) {
 #pragma unroll
   for (int g = 0; g < kRowGroups; ++g) {
     for_own_pieces<T>(cols, g, [&](int64_t col) { cp_async_16(dst + col, src + col); });
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   }
 }
 
@@ -144,7 +156,7 @@ __device__ __forceinline__ void copy_row_pair_async(T* dst0, const T* src0, T* d
       cp_async_16(dst0 + col, src0 + col);
       cp_async_16(dst1 + col, src1 + col);
     });
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   }
 }
 
@@ -226,6 +238,18 @@ int64_t shared_rows_that_fit(int64_t cols, int* device) {
   }
   const int64_t budget = int64_t(max_dynamic_shared_bytes(*device)) - kSharedRowReserve;
   return budget > 0 ? budget / (cols * int64_t(sizeof(T))) : 0;
+}
+
+// Blocks of `threads` threads and `smem` bytes of dynamic shared memory of `kernel` that fit one
+// SM of the current device (0 if none does or the query fails): a grid of sm_count times this is
+// one wave.
+inline int resident_blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return blocks;
 }
 
 // Calls f(std::integral_constant<int, code>{}) for an activation code, so that each activation

@@ -17,15 +17,6 @@ constexpr int kBackwardUnroll = 2;     // (the backward already streams 2-3 inpu
 constexpr int kBackwardBlocksPerSm = 4;
 constexpr int kMinRowsPerSplit = 32;
 
-// Blocks of kThreads threads of `kernel` resident per SM: grid-stride kernels launch exactly one
-// wave (sm_count times this), so no partial last wave idles the GPU.
-template <class Kernel>
-int resident_blocks_per_sm(Kernel kernel) {
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) != cudaSuccess) blocks = 1;
-  return std::max(blocks, 1);
-}
-
 // Threads of a 256-thread block across columns (each owns kVec adjacent columns); the rest of the
 // block spans rows. Narrow matrices get fewer column threads, so no warp idles on short rows.
 dim3 column_block(int64_t col_vecs) {
@@ -94,7 +85,7 @@ void launch_bias_act_forward_vec(BiasActParams const& p, cudaStream_t stream) {
   const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
   dispatch_activation(p.activation, [&](auto kind) {
     constexpr auto kernel = bias_act_forward_kernel<T, kVec, decltype(kind)::value>;
-    static const int per_sm = resident_blocks_per_sm(kernel);
+    static const int per_sm = std::max(resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0), 1);
     const int64_t fill = ceil_div(int64_t(per_sm) * std::max(p.sm_count, 1), col_blocks);
     const int64_t row_blocks = std::max<int64_t>(1, std::min({ceil_div(p.rows, block.y), fill, int64_t(65535)}));
     kernel<<<dim3{unsigned(col_blocks), unsigned(row_blocks)}, block, 0, stream>>>(p);
@@ -286,7 +277,8 @@ struct AddFn {
 
   template <int kVec>
   static void launch(const T* a, const T* b, T* out, AddParams const& p, cudaStream_t stream) {
-    static const int per_sm = resident_blocks_per_sm(add_kernel<T, kVec>);
+    static const int per_sm =
+        std::max(resident_blocks_per_sm(reinterpret_cast<const void*>(add_kernel<T, kVec>), kThreads, 0), 1);
     const int64_t fill = int64_t(per_sm) * std::max(p.sm_count, 1);
     const int64_t blocks = std::max<int64_t>(1, std::min(ceil_div(p.numel / kVec, kThreads), fill));
     add_kernel<T, kVec><<<unsigned(blocks), kThreads, 0, stream>>>(a, b, out, p.numel);

@@ -82,16 +82,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row, b
   }
 }
 
-// 16 bytes from global to shared memory without registers; zeros instead when !valid (`src`
-// must still be a valid address).
-__device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 // Starts copying an operand tile of kLines lines (rows of A, columns of B) by k_pad into shared
 // memory in its own layout: K-major as [line][k] (kKRow a row), else [k][line] (kLineRow a
 // row). Lines from `valid_lines` on and k from K on are zero. K is a multiple of kVec, and so
@@ -172,8 +162,7 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
 #pragma unroll
       for (int i = 0; i < kPasses; ++i) {
         if (m0 + e_row + i * kRowsPerPass < p.M) {
-          cp_async_16_or_zero(c_dst + i * kRowsPerPass * kTileN, c_row + int64_t(i) * kRowsPerPass * p.c_stride_m,
-                              true);
+          cp_async_16(c_dst + i * kRowsPerPass * kTileN, c_row + int64_t(i) * kRowsPerPass * p.c_stride_m);
         }
       }
     }
@@ -305,12 +294,8 @@ int resident_blocks(bool with_c, int smem, int device) {
   std::atomic<int>& slot = cache[device][with_c ? 1 : 0];
   int blocks = slot.load(std::memory_order_relaxed);
   if (blocks == 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, lowk_gemm_kernel<T, kAct>, kThreads, smem) !=
-            cudaSuccess ||
-        blocks < 1) {
-      (void)cudaGetLastError();
-      return 1;
-    }
+    blocks = resident_blocks_per_sm(reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct>), kThreads, smem);
+    if (blocks < 1) return 1;  // not cached: asked again next time
     slot.store(blocks, std::memory_order_relaxed);
   }
   return blocks;
