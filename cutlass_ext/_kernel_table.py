@@ -60,6 +60,9 @@ SM90_CONFIGS = (
 # on any measured shape, so it is built for TF32 only (4-byte operands keep the cooperative
 # configs), which keeps the full build within its time budget.
 SM90_16BIT_CONFIGS = (SM90_CONFIGS[0], SM90_CONFIGS[2])
+# The extended-K kernels (LoRA's rank-r term inside the main GEMM) come in the preferred
+# data-parallel config only; products that would take another config run the term separately.
+EXTK_CONFIG = SM90_CONFIGS[0]
 TF32_CONFIGS = SM90_CONFIGS[1:]
 
 # Small M (decode, small batches): the transposed product streams the weight through 64-row
@@ -171,10 +174,13 @@ class GemmKernel:
     aux: bool
     config: GemmConfig | Cutlass2Config | HandWrittenConfig
     with_c: bool = False  # the epilogue adds beta * C (LoRA terms, in-place weight merges)
+    ext_k: bool = False  # the K loop also runs over a second operand pair (gemm/sm90_extk.cuh)
 
     @property
     def name(self) -> str:
         epilogue = "bias_act_aux" if self.aux else "c_bias_act" if self.with_c else "bias_act"
+        if self.ext_k:
+            epilogue = "extk_" + epilogue
         return f"{self.family}_{self.dtype}_{self.a_major}{self.b_major}_{epilogue}_{self.config.name}"
 
     @property
@@ -220,7 +226,7 @@ class GemmKernel:
                 f"{B_LAYOUT[self.b_major]}, {str(self.aux).lower()}, {str(self.with_c).lower()}, "
                 f"{str(cfg.transposed).lower()}, {cfg.tile_m}, {cfg.tile_n}, {tile_k}, "
                 f"{cfg.cluster_m}, {cfg.cluster_n}, ::cutlass_ext::sm90::{cfg.schedule}, "
-                f"::cutlass_ext::sm90::{cfg.scheduler}>"
+                f"::cutlass_ext::sm90::{cfg.scheduler}{', true' if self.ext_k else ''}>"
             )
         else:
             (tm, tn), (wm, wn) = cfg.tile, cfg.warp
@@ -249,7 +255,8 @@ class GemmKernel:
             f'    {{"{self.name}", DType::{dtype_enum}, MathMode::{math_enum}, Major::{a}, Major::{b}, '
             f'{str(self.aux).lower()}, {str(self.with_c).lower()}, {self.gemm_arch}, "{self.family}", "{cfg.name}", '
             f'{tile_m}, {tile_n}, '
-            f"{str(stream_k).lower()}, {str(transposed).lower()}, &generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
+            f"{str(stream_k).lower()}, {str(transposed).lower()}, {str(self.ext_k).lower()}, "
+            f"&generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
         )
 
 
@@ -284,6 +291,12 @@ def all_kernels() -> list[GemmKernel]:
             if a == "k":
                 for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, with_c=True))
+            # A second operand pair in the K loop serves LoRA with the rank-r term folded into the
+            # main GEMM: the forward [x | s t] @ [W | B]^T (K-major operands, with or without the
+            # pre-activation) and dx = [dz | s U] @ [W ; A] (N-major second operands).
+            if dtype != "tf32" and a == "k":
+                for aux in (False, True) if b == "k" else (False,):
+                    kernels.append(GemmKernel("sm90", dtype, a, b, aux, EXTK_CONFIG, ext_k=True))
     for dtype in ("bf16", "fp16", "tf32"):
         for a, b in itertools.product("km", "kn"):
             # Ampere TF32 reads K-major operands only (the binding copies others): it keeps the
@@ -352,7 +365,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
         + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, nullptr, 0, 0, false, "
-        "false, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
+        "false, false, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"
         + "}  // namespace cutlass_ext\n"

@@ -84,7 +84,7 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 // no instantiation, or a selective build left it out). Majors are those of the kernel's own
 // operands: for transposed kernels A' = B^T and B' = A^T.
 std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode math, Major a, Major b, bool aux,
-                                                bool with_c, bool transposed) {
+                                                bool with_c, bool transposed, bool ext_k = false) {
   std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
@@ -93,7 +93,7 @@ std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode 
     const bool arch_ok = math == MathMode::kExactF32 || e.arch == arch || e.arch == 0;
     const bool source_ok = e.source == with_c || (with_c && e.arch == 80);
     if (arch_ok && source_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
-        e.aux == aux && e.transposed == transposed) {
+        e.aux == aux && e.transposed == transposed && e.ext_k == ext_k) {
       out.push_back(&e);
     }
   }
@@ -315,6 +315,28 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     return t3;
   };
   at::Tensor c3 = extra.c.defined() ? as_lmn(extra.c, "C") : at::Tensor();
+  // The second product: its operands and, where no extended-K kernel serves the call, the
+  // fallback that computes it first and accumulates it as C.
+  const bool has_a2 = extra.a2.defined();
+  at::Tensor a2_3, b2_3;
+  if (has_a2) {
+    CE_CHECK(extra.b2.defined() && !extra.c.defined(), op, ": A2 needs B2 and excludes C");
+    CE_CHECK(extra.a2.device() == a.device() && extra.b2.device() == a.device() &&
+                 extra.a2.scalar_type() == a.scalar_type() && extra.b2.scalar_type() == a.scalar_type() &&
+                 extra.a2.dim() == a.dim() && extra.b2.dim() == a.dim(),
+             op, ": A2 and B2 must be ", a.scalar_type(), " tensors on ", a.device(), " with A's rank");
+    a2_3 = batched ? extra.a2 : extra.a2.unsqueeze(0);
+    b2_3 = batched ? extra.b2 : extra.b2.unsqueeze(0);
+    CE_CHECK(a2_3.size(0) == L && a2_3.size(1) == M && b2_3.size(0) == L && b2_3.size(2) == N &&
+                 a2_3.size(2) == b2_3.size(1),
+             op, ": A2 ", shape_str(extra.a2), " and B2 ", shape_str(extra.b2), " do not make a [", M, ", ", N,
+             "] product");
+  }
+  auto without_a2 = [&]() -> std::tuple<at::Tensor, at::Tensor> {
+    at::Tensor low = std::get<0>(gemm_op(extra.a2, extra.b2, c10::nullopt, 0, false, opts, GemmExtra{extra.alpha}));
+    GemmExtra rest{extra.alpha, low, extra.out.defined() ? extra.out : low};
+    return gemm_op(a, b, bias, activation, want_aux, opts, rest);
+  };
   at::Tensor out3 = extra.out.defined() ? as_lmn(extra.out, "out") : at::Tensor();
   const bool aux = want_aux && act::needs_preactivation(int(activation));
   const at::TensorOptions options = a.options();
@@ -328,6 +350,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
   };
 
+  if (has_a2 && (K == 0 || a2_3.size(2) == 0)) return without_a2();
   if (M == 0 || N == 0 || K == 0) {
     // Nothing to multiply: D = act(C + bias) broadcast (or act(0)).
     at::Tensor z = bias.has_value() ? bias->expand({L, M, N}).contiguous() : at::zeros({L, M, N}, options);
@@ -507,7 +530,32 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     }
   }
   if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, Kp, L, p.sm_count, opts.config);
-  launch(*kernel, configure(*kernel));
+  if (has_a2) {
+    // The extended-K twin of the chosen kernel, when A2 and B2 are readable with A's and B's
+    // majorness; otherwise the second product runs first.
+    const GemmKernelEntry* twin = nullptr;
+    MatrixView va2, vb2;
+    if (!kernel->transposed && !with_c && as_matrix(a2_3, align, va2) && as_matrix(b2_3, align, vb2) &&
+        va2.y_contiguous == va.y_contiguous && vb2.y_contiguous == vb.y_contiguous && Np == N) {
+      for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, false, false, true)) {
+        if (std::strcmp(e->config, kernel->config) == 0) twin = e;
+      }
+    }
+    if (twin == nullptr) return without_a2();
+    GemmParams q = configure(*twin);
+    q.K2 = int(a2_3.size(2));
+    q.A2 = a2_3.data_ptr();
+    q.a2_stride_m = va2.stride_x;
+    q.a2_stride_k = va2.stride_y;
+    q.a2_stride_l = va2.stride_l;
+    q.B2 = b2_3.data_ptr();
+    q.b2_stride_n = vb2.stride_y;
+    q.b2_stride_k = vb2.stride_x;
+    q.b2_stride_l = vb2.stride_l;
+    launch(*twin, q);
+  } else {
+    launch(*kernel, configure(*kernel));
+  }
   if (split_activation) run_activation(z, d, activation, stream);
 
   if (Np != N) {

@@ -22,13 +22,17 @@ GemmOptions gemm_options();
 
 // What the epilogue does beyond bias and activation.
 struct GemmExtra {
-  float alpha = 1.f;  // scales A @ B
+  float alpha = 1.f;  // scales A @ B (and A2 @ B2)
   at::Tensor c;       // when defined, added (beta = 1): shaped like the product
   at::Tensor out;     // when defined, D is written here (it may be `c`: an in-place update)
+  // When defined, a second product A2 @ B2 ([M, K2] @ [K2, N]) is added to A @ B: inside the
+  // same K loop where an extended-K kernel serves the call, else computed first and accumulated
+  // as C. Not combined with `c`.
+  at::Tensor a2, b2;
 };
 
-// D = act(alpha * A @ B + C + bias) and, when want_aux and the activation's backward needs it,
-// the pre-activation. a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N], any strides; bias: [N].
+// D = act(alpha * (A @ B + A2 @ B2) + C + bias) and, when want_aux and the activation's backward
+// needs it, the pre-activation. a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N], any strides; bias: [N].
 // activation is a cutlass_ext::Activation code. Returns (D, Aux); Aux is empty unless stored.
 std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor& b,
                                            const c10::optional<at::Tensor>& bias, int64_t activation,

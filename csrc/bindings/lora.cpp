@@ -4,12 +4,16 @@
 //
 // Shapes: x [..., in] (as [M, in]); weight [out, in]; lora_A [r, in]; lora_B [out, r].
 //   forward   t^T = A drop(x)^T                      [r, M]
-//             y  = act(x W^T + bias + s * t B^T)      (s t B^T first, then the main GEMM adds
-//                                                      onto it in place through its C operand)
+//             y  = act([x | s t] [W | B]^T + bias)    (one GEMM whose K loop runs over both
+//                                                      pairs, gemm/sm90_extk.cuh; where no
+//                                                      such kernel serves the shape, s t B^T
+//                                                      first and the main GEMM adds onto it
+//                                                      in place through its C operand)
 //   backward  dz = dy * act'(.), dbias = sum dz       (one fused pass)
 //             U^T = B^T dz^T                          [r, M]
-//             dx = dz W + drop'(s * U A)              (the LoRA term first, masked in place when
-//                                                      p > 0, then the main GEMM adds onto it)
+//             dx = [dz | s U] [W ; A]                  (likewise; with dropout the LoRA term
+//                                                      is computed first and masked in place,
+//                                                      then the main GEMM adds onto it)
 //             dA = s * U^T drop(x),  dB = (s * t^T dz)^T,  dW = dz^T x   (only those requested)
 //   merge     W += s * B A                            (one GEMM reading and writing W in place)
 // The rank-r activations t and U are kept as contiguous [r, M] (t is the op's second output in
@@ -83,6 +87,13 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const GemmOptions& opts,
   return std::get<0>(gemm_op(a, b, c10::nullopt, 0, false, opts, GemmExtra{alpha}));
 }
 
+// s * v^T as a contiguous [M, r] tensor from a [r, M] one: the rank-r operand of the extended-K
+// GEMMs, which read it K-major like their first operand (r * M elements, a few hundred KB).
+at::Tensor scaled_rows(const at::Tensor& v_t, double scaling) {
+  at::Tensor out = at::empty({v_t.size(1), v_t.size(0)}, v_t.options());
+  return at::mul_out(out, v_t.t(), at::Scalar(scaling));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
     const c10::optional<at::Tensor>& bias, double scaling, c10::string_view activation_name, double dropout_p,
@@ -97,8 +108,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
   const GemmOptions opts = gemm_options();
 
   const at::Tensor t_t = mm(lora_A, dropped(x2, dropout_p, seed, op).t(), opts);  // [r, M]
-  at::Tensor low_rank = mm(t_t.t(), lora_B.t(), opts, float(scaling));
-  auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, GemmExtra{1.f, low_rank, low_rank});
+  GemmExtra low_rank;
+  low_rank.a2 = scaled_rows(t_t, scaling);
+  low_rank.b2 = lora_B.t();
+  auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, low_rank);
   y = y.view(with_last(lead, {out}));
   if (z.dim() == 2) z = z.view(with_last(lead, {out}));
   return {y, t_t, z};
@@ -136,9 +149,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
 
   at::Tensor dx = at::empty({0}, options);
   if (need_x) {
-    at::Tensor low_rank = mm(u_t.t(), lora_A, opts, float(scaling));
-    if (dropout_p > 0.0) run_dropout(low_rank, low_rank, dropout_p, seed.has_value() ? *seed : at::Tensor(), op);
-    dx = std::get<0>(gemm_op(dz, weight, c10::nullopt, 0, false, opts, GemmExtra{1.f, low_rank, low_rank}));
+    GemmExtra low_rank;
+    if (dropout_p > 0.0) {
+      at::Tensor term = mm(u_t.t(), lora_A, opts, float(scaling));
+      run_dropout(term, term, dropout_p, seed.has_value() ? *seed : at::Tensor(), op);
+      low_rank.c = low_rank.out = term;
+    } else {
+      low_rank.a2 = scaled_rows(u_t, scaling);
+      low_rank.b2 = lora_A;
+    }
+    dx = std::get<0>(gemm_op(dz, weight, c10::nullopt, 0, false, opts, low_rank));
     dx = dx.view(x.sizes());
   }
   at::Tensor dA = need_A ? mm(u_t, dropped(x2, dropout_p, seed, op), opts, float(scaling)) : at::empty({0}, options);

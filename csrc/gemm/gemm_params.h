@@ -16,14 +16,20 @@ enum class MathMode : int { kTensorOp = 0, kExactF32 = 1 };
 
 // D[l, m, n] = act(alpha * sum_k A[l, m, k] * B[l, k, n] + beta * C[l, m, n] + bias[n]);
 // optionally Aux[l, m, n] = the pre-activation value. C is read only by kernels with a source
-// epilogue and may be D itself. All strides are in elements; the innermost stride of C, D and
-// Aux is 1.
+// epilogue and may be D itself. Extended-K kernels add sum_k2 A2[l, m, k2] * B2[l, k2, n] to
+// the product (A2 and B2 with A's and B's majorness). All strides are in elements; the innermost
+// stride of C, D and Aux is 1.
 struct GemmParams {
   int M = 0, N = 0, K = 0, L = 1;
   const void* A = nullptr;
   int64_t a_stride_m = 0, a_stride_k = 0, a_stride_l = 0;
   const void* B = nullptr;
   int64_t b_stride_k = 0, b_stride_n = 0, b_stride_l = 0;
+  int K2 = 0;  // depth of the second operand pair (extended-K kernels only)
+  const void* A2 = nullptr;
+  int64_t a2_stride_m = 0, a2_stride_k = 0, a2_stride_l = 0;
+  const void* B2 = nullptr;
+  int64_t b2_stride_k = 0, b2_stride_n = 0, b2_stride_l = 0;
   void* D = nullptr;
   // Stride between D's lines (rows; columns for kernels that compute the transposed product).
   int64_t d_stride_m = 0, d_stride_l = 0;
@@ -65,6 +71,7 @@ struct GemmKernelEntry {
   int tile_m, tile_n;
   bool stream_k;
   bool transposed;  // computes D^T = B^T A^T: kernel M/N are the caller's N/M, D column-major
+  bool ext_k;       // adds a second operand pair A2 @ B2 to the product
   GemmWorkspaceFn workspace_size;
   GemmRunFn run;
 };

@@ -4,6 +4,8 @@
 //   D = act(alpha * A B + beta * C + bias)       (source epilogue: accumulate into C, e.g. a LoRA
 //                                                 term or an in-place weight update, C may be D)
 // The activation is a run-time parameter (RuntimeActivation); bias may be null.
+// An extended-K bundle adds a second operand pair to the product, D = act(alpha * (A B + A2 B2)
+// + bias) (gemm/sm90_extk.cuh), for LoRA's rank-r term.
 // A transposed bundle computes the product with A and B exchanged (D^T = B^T A^T) for problems
 // with few rows: D is column-major and the bias runs along the kernel's M (the caller's N).
 //
@@ -22,6 +24,7 @@
 #include <cutlass/gemm/kernel/tile_scheduler.hpp>
 
 #include "gemm/epilogue_activation.cuh"
+#include "gemm/sm90_extk.cuh"
 #include "gemm/gemm_params.h"
 #include "gemm/launcher.cuh"
 
@@ -51,12 +54,14 @@ Stride make_stride3(int64_t s0, int64_t s1, int64_t s2) {
 }
 
 template <class Element_, class LayoutA, class LayoutB, bool kAux, bool kSource, bool kTransposed, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, class Schedule, class Scheduler>
+          int TileK, int ClusterM, int ClusterN, class Schedule, class Scheduler, bool kExtK = false>
 struct GemmBundle {
   using Element = Element_;  // A, B, C, D, bias and aux share one element type
   using ElementC = cute::conditional_t<kSource, Element, void>;  // void: no C load at all
   static_assert(!(kAux && kSource), "no instantiation needs both an aux output and a source");
   static_assert(!(kTransposed && kSource), "transposed kernels serve plain products only");
+  static_assert(!(kExtK && (kSource || kTransposed || cute::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>)),
+                "extended-K kernels are data-parallel, without a source or a transposed product");
   using Accumulator = float;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
   static constexpr bool kStreamK = cute::is_same_v<Scheduler, StreamKScheduler>;
@@ -87,12 +92,13 @@ struct GemmBundle {
       ElementC, LayoutD, kAlignment,
       Element, LayoutD, kAlignment, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlignment, Element,
       LayoutB, kAlignment, Accumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       typename Schedule::Kernel>::CollectiveOp;
+  using CollectiveMainloop = cute::conditional_t<kExtK, ExtKMainloop<BuiltMainloop>, BuiltMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue, Scheduler>;
@@ -114,6 +120,15 @@ struct GemmBundle {
     args.mainloop.dA = make_stride3<StrideA>(p.a_stride_m, p.a_stride_k, p.a_stride_l);
     args.mainloop.ptr_B = static_cast<Element const*>(p.B);
     args.mainloop.dB = make_stride3<StrideB>(p.b_stride_n, p.b_stride_k, p.b_stride_l);
+    if constexpr (kExtK) {
+      args.problem_shape = {p.M, p.N, CollectiveMainloop::problem_k(p.K, p.K2), p.L};
+      args.mainloop.ptr_A2 = static_cast<Element const*>(p.A2);
+      args.mainloop.dA2 = make_stride3<StrideA>(p.a2_stride_m, p.a2_stride_k, p.a2_stride_l);
+      args.mainloop.ptr_B2 = static_cast<Element const*>(p.B2);
+      args.mainloop.dB2 = make_stride3<StrideB>(p.b2_stride_n, p.b2_stride_k, p.b2_stride_l);
+      args.mainloop.K = p.K;
+      args.mainloop.K2 = p.K2;
+    }
     if constexpr (kSource) {
       args.epilogue.ptr_C = static_cast<Element const*>(p.C);
       args.epilogue.dC = epilogue_stride(typename Kernel::StrideC{}, p.c_stride_m, p.c_stride_l);

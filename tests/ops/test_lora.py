@@ -773,7 +773,72 @@ def test_rank_r_products_avoid_wide_tiles():
         cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=SCALING).backward(grad)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
-    assert len(names) >= 7, names  # forward: t, the rank-r term, the main GEMM; backward: U, the
-    # rank-r dx term, dz W, dA, dB
+    assert len(names) >= 6, names  # forward: t, the main GEMM with the rank-r term; backward: U,
+    # [dz | s U] [W ; A], dA, dB
     assert not [n for n in names if "StreamK" in n], [n[:200] for n in names if "StreamK" in n]
     assert x.grad is not None and lora_A.grad is not None and lora_B.grad is not None
+
+
+def _gemm_kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
+
+
+# rows, in, out: every product fills an H100/H200 with 128x128 tiles, so the main GEMMs take the
+# data-parallel config whose extended-K twin folds in the rank-r term. in and out are not
+# multiples of the 64-deep stage (a partial last stage of the first operand pair), rows not of
+# the 128-row tile.
+EXTK_SHAPE = (1500, 1416, 1544)
+
+
+@requires_cuda
+@pytest.mark.parametrize("r", [8, 16, 24, 72])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_rank_r_term_inside_the_main_gemm(dtype_name, act, r):
+    # y = act([x | s t] [W | B]^T + bias) and dx = [dz | s U] [W ; A] each in one GEMM (r = 72:
+    # two stages of the second pair); no short-K kernel writes a rank-r term.
+    dtype = DTYPES[dtype_name]
+    rows, in_f, out_f = EXTK_SHAPE
+    x = rand(rows, in_f, device="cuda", dtype=dtype)
+    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", dtype)
+    grad_out = rand(rows, out_f, device="cuda", dtype=dtype)
+    inputs = [x, weight, lora_A, lora_B, bias]
+    result = {}
+
+    def step():
+        result["y"], result["grads"] = grads_of(
+            lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act), inputs, grad_out)
+
+    names = _gemm_kernel_names(step)
+    assert sum("ExtKMainloop" in n for n in names) == 2, [n[:160] for n in names]
+    assert not [n for n in names if "lowk" in n], [n[:160] for n in names]
+    y, ours = result["y"], result["grads"]
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
+    if act == "relu":
+        mask = (y.detach() > 0).double()
+        ref_fn = lambda *a: ref_lora(*a, SCALING, "none") * mask  # noqa: E731
+    else:
+        ref_fn = lambda *a: ref_lora(*a, SCALING, act)  # noqa: E731
+    ref_y, ref = grads_of(ref_fn, [v.double() for v in inputs], grad_out.double())
+    assert_close_to_reference(y, ref_y, peer_lora(*inputs, SCALING, act), dtype_name, what="y")
+    for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, rf, pr, dtype_name, what=name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("r", [4, 12])
+def test_rank_r_term_unaligned_rank_runs_separately(r):
+    # A rank whose rows are not 16-byte multiples cannot be read by TMA: the rank-r term runs
+    # first and the main GEMM accumulates it, with the same result.
+    rows, in_f, out_f = EXTK_SHAPE
+    x = rand(rows, in_f, device="cuda", dtype=torch.bfloat16)
+    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", torch.bfloat16)
+    out = {}
+    names = _gemm_kernel_names(
+        lambda: out.setdefault("y", cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING)))
+    assert not [n for n in names if "ExtKMainloop" in n]
+    peer = peer_lora(x, weight, lora_A, lora_B, bias, SCALING, "none")
+    assert_close_to_reference(out["y"], ref_lora(x, weight, lora_A, lora_B, bias, SCALING, "none"), peer, "bf16")
