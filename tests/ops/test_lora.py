@@ -245,6 +245,18 @@ def grads_of(fn, inputs, grad_out):
     return out, [v.grad if v is not None else None for v in inputs]
 
 
+def reference_grads(y, inputs, grad_out, act):
+    """The formula's output and gradients in float64. relu's derivative jumps at 0: its mask is
+    taken from our own output y, so that a z near 0 that rounds to the other side in low precision
+    is not counted as a backward error."""
+    if act == "relu":
+        mask = (y.detach() > 0).double()
+        ref_fn = lambda *a: ref_lora(*a, SCALING, "none") * mask  # noqa: E731
+    else:
+        ref_fn = lambda *a: ref_lora(*a, SCALING, act)  # noqa: E731
+    return grads_of(ref_fn, [v.double() for v in inputs], grad_out.double())
+
+
 @pytest.mark.parametrize("r", [1, 16])
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
@@ -261,14 +273,7 @@ def test_backward(device, dtype_name, act, r):
     with fp32_precision(dtype_name):
         y, ours = grads_of(ours_fn, inputs, grad_out)
         _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
-    if act == "relu":
-        # relu's derivative jumps at 0: take the mask from our own output, so that a z near 0
-        # that rounds to the other side in low precision is not counted as a backward error.
-        mask = (y.detach() > 0).double()
-        ref_fn = lambda *a: ref_lora(*a, SCALING, "none") * mask  # noqa: E731
-    else:
-        ref_fn = lambda *a: ref_lora(*a, SCALING, act)  # noqa: E731
-    _, ref = grads_of(ref_fn, [v.double() for v in inputs], grad_out.double())
+    _, ref = reference_grads(y, inputs, grad_out, act)
     for name, o, p, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
         assert o.dtype == dtype and o.shape == rf.shape and o.is_contiguous()
         assert_close_to_reference(o, rf, p, dtype_name, what=name)
@@ -817,12 +822,7 @@ def test_rank_r_term_inside_the_main_gemm(dtype_name, act, r):
     assert not [n for n in names if "lowk" in n], [n[:160] for n in names]
     y, ours = result["y"], result["grads"]
     _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
-    if act == "relu":
-        mask = (y.detach() > 0).double()
-        ref_fn = lambda *a: ref_lora(*a, SCALING, "none") * mask  # noqa: E731
-    else:
-        ref_fn = lambda *a: ref_lora(*a, SCALING, act)  # noqa: E731
-    ref_y, ref = grads_of(ref_fn, [v.double() for v in inputs], grad_out.double())
+    ref_y, ref = reference_grads(y, inputs, grad_out, act)
     assert_close_to_reference(y, ref_y, peer_lora(*inputs, SCALING, act), dtype_name, what="y")
     for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
         assert_close_to_reference(o, rf, pr, dtype_name, what=name)
