@@ -16,9 +16,12 @@ Shapes: r in {8, 16, 64}; (in, out) in {(4096, 4096), (4096, 11008), (11008, 409
 {2048, 4096, 8192, 16384}. Median device-event timings with the L2 flushed before every call
 (bench/_common.Timer). Writes bench/results/lora-<device>.json and prints one table per mode plus
 the targets: fwd+bwd >= 1.8x PEFT, >= 1.4x torch.compile, <= 1.15x the frozen base; merge >= 3x PEFT.
+With --graphs each layer case is captured in a CUDA graph and replayed, which takes the host's
+launch cost out of the timing (small token counts are host-bound without it).
 
     python bench/lora.py
     python bench/lora.py --modes fwdbwd --ranks 16 --tokens 8192 --providers cutlass_ext,peft,base
+    python bench/lora.py --graphs --modes fwd,fwdbwd --out bench/results/lora-graphs-h200.json
 """
 
 from __future__ import annotations
@@ -120,6 +123,27 @@ def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer):
     return step
 
 
+def graphed(name, fn):
+    """``fn`` captured in a CUDA graph after warm-up runs on a side stream (one-time work such as
+    compilation and allocator growth stays out of the graph); returns its replay, or None when
+    the provider cannot be captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - a provider that cannot be captured is left out, not fatal
+        torch.cuda.synchronize()
+        print(f"  {name}: not captured in a CUDA graph ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        return None
+    return graph.replay
+
+
 def merge_cases(wanted, w, a, bb, scaling, peft_layer):
     def ours():
         cutlass_ext.lora_merge(w, a, bb, scaling)
@@ -163,6 +187,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lora-alpha", type=float, default=16)
     parser.add_argument("--dropout", type=float, default=0.0, help="lora_dropout of the layer cases")
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of the layer cases")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -199,8 +224,12 @@ def main(argv=None) -> int:
                 for m in tokens:
                     x = torch.randn(m, k, device="cuda", dtype=dtype).requires_grad_(mode == "fwdbwd")
                     grad = torch.randn(m, n, device="cuda", dtype=dtype) if mode == "fwdbwd" else None
-                    times = timer.median_us_many({name: layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer)
-                                                  for name, fn in table.items()})
+                    cases = {name: layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer)
+                             for name, fn in table.items()}
+                    if args.graphs:
+                        cases = {name: graphed(name, fn) for name, fn in cases.items()}
+                        cases = {name: fn for name, fn in cases.items() if fn is not None}
+                    times = timer.median_us_many(cases)
                     flops = layer_flops(mode, m, k, n, r)
                     rows += [{**base_row, "mode": mode, "M": m, "provider": name, "median_us": us,
                               "tflops": flops / us / 1e6} for name, us in times.items()]
@@ -219,8 +248,8 @@ def main(argv=None) -> int:
             del a, bb, peft_layer
         del w, b
     summary = summarize(rows)
-    path = write_results("lora", {"rows": rows, "summary": summary, "targets": {f"{m}/{p}": t for (m, p), t in
-                                                                               TARGETS.items()}}, args.out)
+    path = write_results("lora", {"cuda_graphs": args.graphs, "rows": rows, "summary": summary,
+                                  "targets": {f"{m}/{p}": t for (m, p), t in TARGETS.items()}}, args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")
     return 0
