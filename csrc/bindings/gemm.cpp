@@ -127,6 +127,12 @@ int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_
 
 // Rows up to which the transposed product is preferred (when such kernels are built).
 constexpr int64_t kTransposedMaxM = 256;
+// Each transposed tile runs all of K. Below a quarter of the SMs' worth of tiles the transposed
+// product still beats splitting K for K up to 12288 from 8 tiles: measured on the H200 for LoRA's
+// rank-r products (r = 8-64 rows x 512-2048 columns, K = 4096 and 11008), 12-24 us against 35-52 us
+// for the split-K 128x128 tile. Longer K (a weight gradient over many rows) still splits.
+constexpr int64_t kTransposedShortK = 12288;
+constexpr int64_t kTransposedMinTiles = 8;
 // The hand-written short-K kernel holds all of K in shared memory (K <= 64); it is preferred up to
 // K = 32, and up to K = 64 for at most 8192 rows. Measured on an H200 (bench/gemm_configs.py --set
 // shortk, persistent short-K kernel): at K = 16 it beat every CUTLASS config on every shape; at
@@ -162,13 +168,17 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   if (cutlass.empty()) return candidates.front();
   // Few rows: the transposed kernel with the narrowest tile that takes them in at most two
   // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
-  // the SMs or it splits K (a narrow N with a long K, like a weight gradient, goes to split-K).
+  // the SMs, or K is short enough for fewer tiles (above), or it splits K (a narrow N with a
+  // long K, like a weight gradient, goes to split-K).
   if (M <= kTransposedMaxM) {
     const GemmKernelEntry* best = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
     }
-    if (best != nullptr && (best->stream_k || output_tiles(*best, M, N, L) * 4 >= sms)) return best;
+    if (best != nullptr) {
+      const int64_t tiles = output_tiles(*best, M, N, L);
+      if (best->stream_k || tiles * 4 >= sms || (K <= kTransposedShortK && tiles >= kTransposedMinTiles)) return best;
+    }
   }
   // Otherwise the first data-parallel config (the kernel table lists them in order of
   // preference) when its tiles fill the machine at least once, else the stream-K config, which
