@@ -127,10 +127,12 @@ int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_
 
 // Rows up to which the transposed product is preferred (when such kernels are built).
 constexpr int64_t kTransposedMaxM = 256;
-// Each transposed tile runs all of K. Below a quarter of the SMs' worth of tiles the transposed
-// product still beats splitting K for K up to 12288 from 8 tiles: measured on the H200 for LoRA's
-// rank-r products (r = 8-64 rows x 512-2048 columns, K = 4096 and 11008), 12-24 us against 35-52 us
-// for the split-K 128x128 tile. Longer K (a weight gradient over many rows) still splits.
+// Each transposed tile runs all of K. Below a quarter of the SMs' worth of tiles the narrow
+// transposed tiles (up to 64 rows) still beat splitting K for K up to 12288 from 8 tiles: measured
+// on the H200 for LoRA's rank-r products (r = 8-64 rows x 512-2048 columns, K = 4096 and 11008),
+// 12-24 us against 35-52 us for the split-K 128x128 tile. Longer K (a weight gradient over many
+// rows) and wider row counts (not measured) still split.
+constexpr int64_t kTransposedShortKMaxM = 64;
 constexpr int64_t kTransposedShortK = 12288;
 constexpr int64_t kTransposedMinTiles = 8;
 // The hand-written short-K kernel holds all of K in shared memory (K <= 64); it is preferred up to
@@ -177,7 +179,8 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     }
     if (best != nullptr) {
       const int64_t tiles = output_tiles(*best, M, N, L);
-      if (best->stream_k || tiles * 4 >= sms || (K <= kTransposedShortK && tiles >= kTransposedMinTiles)) return best;
+      const bool short_k = M <= kTransposedShortKMaxM && K <= kTransposedShortK && tiles >= kTransposedMinTiles;
+      if (best->stream_k || tiles * 4 >= sms || short_k) return best;
     }
   }
   // Otherwise the first data-parallel config (the kernel table lists them in order of
