@@ -53,3 +53,12 @@ def capture_cuda_graph(fn):
     with torch.cuda.graph(graph):
         out = fn()
     return graph, out
+
+
+def gemm_kernels_run(fn):
+    """(fn(), names of the GEMM kernels it launched on the GPU, from the profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
+    return out, names

@@ -16,7 +16,7 @@ from cutlass_ext.ops import _activation
 from cutlass_ext.ops import linear as linear_ops
 
 from ..conftest import HAS_CUDA, requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision
+from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision, gemm_kernels_run
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -451,15 +451,6 @@ def test_every_kernel(name, monkeypatch):
 # The hand-written short-K kernel (lowk: K <= 64 on mma.sync)
 
 
-def _gemm_kernels_run(fn):
-    """(fn(), names of the GEMM kernels it launched)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
-    return out, names
-
-
 @requires_cuda
 @pytest.mark.parametrize(
     "m,k,n,hand_written",
@@ -470,7 +461,7 @@ def test_heuristic_takes_the_short_k_kernel_where_it_applies(m, k, n, hand_writt
     A = rand(m, k, device="cuda", dtype=torch.bfloat16)
     W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
     bias = rand(n, device="cuda", dtype=torch.bfloat16)
-    y, names = _gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, relu=True))
+    y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, relu=True))
     assert len(names) == 1, names
     assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
     assert ("lowk_gemm_kernel" in names[0]) == hand_written, names
@@ -490,7 +481,7 @@ def test_lowk_kernel(dtype_name, layouts, k, monkeypatch):
     A = rand(m, k, device="cuda", dtype=dtype) if layouts[0] == "k" else rand(k, m, device="cuda", dtype=dtype).t()
     B = make_b(k, n, "weight_t" if layouts[1] == "k" else "kn", "cuda", dtype)
     bias = rand(n, device="cuda", dtype=dtype)
-    (y, z), names = _gemm_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "silu", True))
+    (y, z), names = gemm_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "silu", True))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
     assert_close_to_reference(y, ref_linear(A, B, bias, "silu"), peer_linear(A, B, bias, "silu"), dtype_name)
     assert_close_to_reference(z, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"), dtype_name,
@@ -498,7 +489,7 @@ def test_lowk_kernel(dtype_name, layouts, k, monkeypatch):
     # With C, in place: W += s * A @ B (a LoRA merge: lora_B is A, lora_A is B).
     W = rand(m, n, device="cuda", dtype=dtype)
     W0, ptr = W.clone(), W.data_ptr()
-    _, names = _gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, B, A, -0.75))
+    _, names = gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, B, A, -0.75))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
     assert W.data_ptr() == ptr
     assert_close_to_reference(W, W0.double() - 0.75 * (A.double() @ B.double()), torch.addmm(W0, A, B, alpha=-0.75),
@@ -520,7 +511,7 @@ def test_lowk_kernel_walks_many_tiles_per_block(layouts, monkeypatch):
     B = rand(L, k, n, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
     if layouts[1] == "k":
         B = rand(L, n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5).transpose(1, 2)
-    out, names = _gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
+    out, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
     assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
     # With C, in place, over 2048 x 4096 (512 tiles): a merge W += s * lora_B @ lora_A.
@@ -532,7 +523,7 @@ def test_lowk_kernel_walks_many_tiles_per_block(layouts, monkeypatch):
     if layouts[1] == "k":
         lora_A = rand(4096, k, device="cuda", dtype=torch.bfloat16).t()
     W0 = W.clone()
-    _, names = _gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, lora_A, lora_B, 0.5))
+    _, names = gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, lora_A, lora_B, 0.5))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
     assert_close_to_reference(W, W0.double() + 0.5 * (lora_B.double() @ lora_A.double()),
                               torch.addmm(W0, lora_B, lora_A, alpha=0.5), "bf16", what="merged W")
@@ -542,7 +533,7 @@ def test_lowk_kernel_walks_many_tiles_per_block(layouts, monkeypatch):
 def test_lowk_kernel_batched():
     A = rand(3, 100, 32, device="cuda", dtype=torch.bfloat16)
     B = rand(3, 32, 264, device="cuda", dtype=torch.bfloat16, scale=32 ** -0.5)
-    out, names = _gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
+    out, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
     assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
 

@@ -14,7 +14,7 @@ import cutlass_ext
 from cutlass_ext.ops import _activation, _rng
 
 from ..conftest import requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision
+from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision, gemm_kernels_run
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 ACTS = ["none", "relu", "gelu"]
@@ -774,21 +774,12 @@ def test_rank_r_products_avoid_wide_tiles():
     lora_A.requires_grad_(True)
     lora_B.requires_grad_(True)
     grad = rand(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=SCALING).backward(grad)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
+    _, names = gemm_kernels_run(
+        lambda: cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=SCALING).backward(grad))
     assert len(names) >= 6, names  # forward: t, the main GEMM with the rank-r term; backward: U,
     # [dz | s U] [W ; A], dA, dB
     assert not [n for n in names if "StreamK" in n], [n[:200] for n in names if "StreamK" in n]
     assert x.grad is not None and lora_A.grad is not None and lora_B.grad is not None
-
-
-def _gemm_kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
 
 
 # rows, in, out: every product fills an H100/H200 with 128x128 tiles, so the main GEMMs take the
@@ -811,16 +802,10 @@ def test_rank_r_term_inside_the_main_gemm(dtype_name, act, r):
     weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", dtype)
     grad_out = rand(rows, out_f, device="cuda", dtype=dtype)
     inputs = [x, weight, lora_A, lora_B, bias]
-    result = {}
-
-    def step():
-        result["y"], result["grads"] = grads_of(
-            lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act), inputs, grad_out)
-
-    names = _gemm_kernel_names(step)
+    (y, ours), names = gemm_kernels_run(
+        lambda: grads_of(lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act), inputs, grad_out))
     assert sum("ExtKMainloop" in n for n in names) == 2, [n[:160] for n in names]
     assert not [n for n in names if "lowk" in n], [n[:160] for n in names]
-    y, ours = result["y"], result["grads"]
     _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
     ref_y, ref = reference_grads(y, inputs, grad_out, act)
     assert_close_to_reference(y, ref_y, peer_lora(*inputs, SCALING, act), dtype_name, what="y")
@@ -836,9 +821,7 @@ def test_rank_r_term_unaligned_rank_runs_separately(r):
     rows, in_f, out_f = EXTK_SHAPE
     x = rand(rows, in_f, device="cuda", dtype=torch.bfloat16)
     weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", torch.bfloat16)
-    out = {}
-    names = _gemm_kernel_names(
-        lambda: out.setdefault("y", cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING)))
+    y, names = gemm_kernels_run(lambda: cutlass_ext.lora_linear(x, weight, lora_A, lora_B, bias, scaling=SCALING))
     assert not [n for n in names if "ExtKMainloop" in n]
     peer = peer_lora(x, weight, lora_A, lora_B, bias, SCALING, "none")
-    assert_close_to_reference(out["y"], ref_lora(x, weight, lora_A, lora_B, bias, SCALING, "none"), peer, "bf16")
+    assert_close_to_reference(y, ref_lora(x, weight, lora_A, lora_B, bias, SCALING, "none"), peer, "bf16")
