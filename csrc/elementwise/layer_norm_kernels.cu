@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "common/activation.h"
 #include "common/counter_rng.h"
@@ -14,10 +16,11 @@ namespace {
 // Forward kernel choice, by row length in vectors (nv = ceil(cols / kVec), kVec = 16 bytes of
 // elements on the vector path, 1 on the scalar path). A row is held in registers by kTpr threads,
 // kVecs vectors each, so it is read from memory once:
-//   nv <= 4, 8, 16, 32     kTpr = 4, 8, 16, 32, kVecs = 1   several rows per 256-thread block
-//   nv <= 64               kTpr = 32, kVecs = 2            a warp per row (bf16 C = 512: 8 rows/block)
-//   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 rows per 256-thread block
+//   nv <= 4, 8, 16, 32     kTpr = 4, 8, 16, 32, kVecs = 1   several thread groups per 256-thread block
+//   nv <= 64               kTpr = 32, kVecs = 2            a warp per group (bf16 C = 512: 8 groups/block)
+//   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 groups per 256-thread block
 //   nv <= 1024             kTpr = 512, kVecs = 2           a 512-thread block per row (bf16 C <= 8192)
+//                          In the 256-thread configs each group normalizes two rows.
 //   longer rows            a block per row. On the vector path, where the row fits in shared
 //                          memory (bf16/fp16 up to ~113K columns on Hopper), the row is copied
 //                          there once (cp.async) and every pass reads it from there (exact
@@ -125,8 +128,11 @@ struct Dropout {
   // derivation is ~25 instructions per thread, as much as a short row's whole statistics).
   __device__ explicit Dropout(DropoutParams const& d)
       : rng(0), threshold(d.keep_threshold), scale(d.keep_scale), on(d.seed != nullptr) {
-    if (on) rng = CounterRng(uint64_t(*d.seed));
+    if (on) rng = keys(d.seed);
   }
+  // Not inlined: inlined, the derivation was if-converted into ~25 predicated instructions that
+  // every thread issued with dropout off.
+  static __device__ __noinline__ CounterRng keys(const int64_t* seed) { return CounterRng(uint64_t(*seed)); }
 
   template <int kVec>
   __device__ __forceinline__ void apply(float (&v)[kVec], uint64_t index) const {
@@ -215,82 +221,162 @@ __device__ __forceinline__ void normalize_store(LayerNormParams const& p, Dropou
   store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_ld + col, h);
 }
 
-// Rows held in registers: kTpr threads per row, exact two-pass statistics over the registers.
-// One row per thread group and one wave of short blocks after another: a persistent grid that
-// kept weight and bias in registers and prefetched the next row measured slower (bench/NOTES.md).
-// Every load of a thread (its x vectors, then its weight and bias vectors) is issued before any
-// value is used, so a row costs one memory round trip rather than one per vector (loads inside
-// per-vector bounds checks were issued one after another's use); addresses past the row's end
-// are clamped to its first vector and their values ignored.
-template <class T, int kVec, int kVecs, int kTpr, int kThreads>
+// kVec elements of T as loaded: 16-bit elements in pairs per 32-bit word, so that the packs
+// held across the reductions (x, weight and bias) cost kVec * sizeof(T) / 4 registers and each
+// element converts to fp32 in one instruction (a shift or a mask for bf16).
+template <class T, int kVec>
+struct RawVec {
+  static constexpr int kWords = (kVec * int(sizeof(T)) + 3) / 4;
+  uint32_t w[kWords];
+};
+
+template <class T, int kVec>
+__device__ __forceinline__ RawVec<T, kVec> load_raw(const T* src) {
+  RawVec<T, kVec> r;
+  if constexpr (kVec * sizeof(T) == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
+  } else if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) r.w[i] = reinterpret_cast<const uint32_t*>(src)[i];
+  } else {
+    static_assert(kVec == 1, "16-bit raw vectors are 16 bytes or one element");
+    r.w[0] = *reinterpret_cast<const uint16_t*>(src);
+  }
+  return r;
+}
+
+// Every element equal to v.
+template <class T, int kVec>
+__device__ __forceinline__ RawVec<T, kVec> raw_fill(float v) {
+  const T t(v);
+  uint32_t bits = 0;
+  memcpy(&bits, &t, sizeof(T));
+  RawVec<T, kVec> r;
+#pragma unroll
+  for (int i = 0; i < RawVec<T, kVec>::kWords; ++i) r.w[i] = sizeof(T) == 4 ? bits : (bits | (bits << 16));
+  return r;
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ float raw_at(RawVec<T, kVec> const& r, int j) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(r.w[j]);
+  } else if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
+    const uint32_t w = r.w[j >> 1];
+    return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
+  } else {
+    const uint32_t w = r.w[j >> 1];
+    return __half2float(__ushort_as_half(static_cast<unsigned short>((j & 1) ? (w >> 16) : (w & 0xffffu))));
+  }
+}
+
+// Rows held in registers: kTpr threads per row, exact two-pass statistics over the registers,
+// kRows rows per thread group (rows kGroups apart), so that one load of the group's weight and
+// bias serves kRows rows and the rows' reductions interleave. Every load of a thread (its x
+// vectors of every row, then its weight and bias) is issued before any value is used, so the
+// rows cost one memory round trip; addresses past a row's end are clamped to its first vector
+// and their values ignored. The kernel is issue-bound (ncu: ~70% of issue slots busy at ~60% of
+// DRAM bandwidth), so instructions count: the loads stay raw 32-bit words until used (RawVec),
+// relu is a template parameter, and an absent weight or bias is a constant pack rather than a
+// select per element (bench/NOTES.md section 10). One wave of short blocks after another: a
+// persistent grid that kept weight and bias in registers and prefetched the next row measured
+// slower, and so did one that streamed rows through shared memory with cp.async.
+template <class T, int kVec, int kVecs, int kTpr, int kThreads, bool kRelu, int kRows>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNormParams p) {
-  constexpr int kRowsPerBlock = kThreads / kTpr;
+  constexpr int kGroups = kThreads / kTpr;
+  constexpr int kRowsPerBlock = kGroups * kRows;
   __shared__ float scratch[kThreads / 32];
   const int lane = threadIdx.x % kTpr;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr;
-  const bool row_ok = row < p.rows;
-  const int64_t cols = p.cols;
-  const T* x = static_cast<const T*>(p.x) + (row_ok ? row : 0) * p.x_ld;
+  const int cols = int(p.cols);  // at most 1024 vectors in registers
+  const int64_t first = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kTpr;
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
 
-  int64_t col[kVecs];
-  bool ok[kVecs];
-  Pack<T, kVec> xs[kVecs], ws[kVecs], bs[kVecs];
+  int col[kVecs];
+  bool col_ok[kVecs];
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
-    col[i] = (int64_t(i) * kTpr + lane) * kVec;
-    ok[i] = row_ok && col[i] < cols;
-    xs[i] = load_pack<T, kVec>(x + (col[i] < cols ? col[i] : 0));
+    col[i] = (i * kTpr + lane) * kVec;
+    col_ok[i] = col[i] < cols;
+  }
+  bool row_ok[kRows];
+  RawVec<T, kVec> xs[kRows][kVecs], ws[kVecs], bs[kVecs];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = first + r * kGroups;
+    row_ok[r] = row < p.rows;
+    const T* x = static_cast<const T*>(p.x) + (row_ok[r] ? row : 0) * p.x_ld;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) xs[r][i] = load_raw<T, kVec>(x + (col_ok[i] ? col[i] : 0));
   }
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
-    const int64_t c = col[i] < cols ? col[i] : 0;
-    if (weight != nullptr) ws[i] = load_pack<T, kVec>(weight + c);
-    if (bias != nullptr) bs[i] = load_pack<T, kVec>(bias + c);
+    const int c = col_ok[i] ? col[i] : 0;
+    ws[i] = weight != nullptr ? load_raw<T, kVec>(weight + c) : raw_fill<T, kVec>(1.f);
+    bs[i] = bias != nullptr ? load_raw<T, kVec>(bias + c) : raw_fill<T, kVec>(0.f);
   }
 
-  float h[kVecs][kVec];
-  float sum = 0.f;
+  auto h_at = [&](int r, int i, int j) {
+    const float v = raw_at<T, kVec>(xs[r][i], j);
+    return kRelu ? act::relu(v) : v;
+  };
+  const float inv_cols = __frcp_rn(float(cols));
+  float mean[kRows], rstd[kRows];
 #pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
+  for (int r = 0; r < kRows; ++r) {
+    float sum = 0.f;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float v = float(xs[i].v[j]);
-      h[i][j] = p.relu ? act::relu(v) : v;
-      if (ok[i]) sum += h[i][j];
+    for (int i = 0; i < kVecs; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s += h_at(r, i, j);
+      if (col_ok[i]) sum += s;
     }
+    mean[r] = sum;
   }
-  const float inv_cols = __frcp_rn(float(cols));  // one reciprocal, not two divisions
-  const float mean = group_sum<kTpr>(sum, scratch) * inv_cols;
-  float sq = 0.f;
 #pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
+  for (int r = 0; r < kRows; ++r) mean[r] = group_sum<kTpr>(mean[r], scratch) * inv_cols;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float d = h[i][j] - mean;
-      if (ok[i]) sq += d * d;
+  for (int r = 0; r < kRows; ++r) {
+    float sq = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = h_at(r, i, j) - mean[r];
+        s += d * d;
+      }
+      if (col_ok[i]) sq += s;
     }
+    rstd[r] = sq;
   }
-  const float rstd = rsqrtf(group_sum<kTpr>(sq, scratch) * inv_cols + p.eps);
-  if (!row_ok) return;  // after the last group reduction
-  if (lane == 0) {
-    p.mean[row] = mean;
-    p.rstd[row] = rstd;
-  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rstd[r] = rsqrtf(group_sum<kTpr>(rstd[r], scratch) * inv_cols + p.eps);
   const Dropout drop(p.dropout);
-  T* y = static_cast<T*>(p.y) + row * p.y_ld;
 #pragma unroll
-  for (int i = 0; i < kVecs; ++i) {
-    if (!ok[i]) continue;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float w = weight != nullptr ? float(ws[i].v[j]) : 1.f;
-      const float b = bias != nullptr ? float(bs[i].v[j]) : 0.f;
-      h[i][j] = (h[i][j] - mean) * rstd * w + b;
+  for (int r = 0; r < kRows; ++r) {
+    if (!row_ok[r]) continue;
+    const int64_t row = first + r * kGroups;
+    if (lane == 0) {
+      p.mean[row] = mean[r];
+      p.rstd[row] = rstd[r];
     }
-    if (drop.on) drop.apply<kVec>(h[i], uint64_t(row) * uint64_t(cols) + uint64_t(col[i]));
-    store_vec<T, kVec>(y + col[i], h[i]);
+    T* y = static_cast<T*>(p.y) + row * p.y_ld;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      if (!col_ok[i]) continue;
+      float h[kVec];
+      // (h - mean) * rstd, not h * rstd - mean * rstd: one instruction more, but no cancellation
+      // when the mean is large against the spread (and exactly 0 for a one-column row).
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        h[j] = fmaf((h_at(r, i, j) - mean[r]) * rstd[r], raw_at<T, kVec>(ws[i], j), raw_at<T, kVec>(bs[i], j));
+      }
+      if (drop.on) drop.apply<kVec>(h, uint64_t(row) * uint64_t(cols) + uint64_t(col[i]));
+      store_vec<T, kVec>(y + col[i], h);
+    }
   }
 }
 
@@ -405,9 +491,19 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
   const int64_t nv = (p.cols + kVec - 1) / kVec;
   const bool in_registers = with_row_config(nv, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    const int64_t blocks = (p.rows + Cfg::kRowsPerBlock - 1) / Cfg::kRowsPerBlock;
-    layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
-        <<<unsigned(blocks), Cfg::kThreads, 0, stream>>>(p);
+    // Two rows per thread group in the 256-thread configs (rows of up to 512 vectors): 1.08-1.14x
+    // on an H200 from 128 to 4096 bf16 columns. The 512-thread config (8192 columns) keeps one:
+    // with two it needed ~85 registers and ran 1.25x slower.
+    constexpr int kRows = Cfg::kThreads <= 256 ? 2 : 1;
+    constexpr int64_t kRowsPerBlock = int64_t(Cfg::kRowsPerBlock) * kRows;
+    const unsigned blocks = unsigned((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    if (p.relu) {
+      layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, true, kRows>
+          <<<blocks, Cfg::kThreads, 0, stream>>>(p);
+    } else {
+      layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, false, kRows>
+          <<<blocks, Cfg::kThreads, 0, stream>>>(p);
+    }
   });
   if (in_registers) return;
   int device = 0;

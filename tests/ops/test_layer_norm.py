@@ -102,18 +102,24 @@ def assert_relu_layer_norm_close(out, grads, x, weight, bias, grad_out, dtype_na
         assert_close_to_reference(o, r, p, dtype_name, what=name)
 
 
-# Every row-in-registers configuration of both vector widths, and the two-pass path beyond them.
+# Every row-in-registers configuration of both vector widths, and the two-pass path beyond them;
+# a row count that leaves the last block part-full (the forward's groups take two rows each, the
+# second a block's worth of rows after the first).
 @pytest.mark.parametrize("cols", [16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384])
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 def test_every_row_config(device, dtype_name, cols):
     dtype = DTYPES[dtype_name]
-    rows = max(3, 16384 // cols)
+    rows = max(3, 16384 // cols) + 5
     x = rand(rows, cols, device=device, dtype=dtype, scale=2.0, offset=0.3)
     weight, bias = make_affine("both", cols, device, dtype)
     grad_out = rand(rows, cols, device=device, dtype=dtype)
     fn = lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=True)  # noqa: E731
     out, ours = grads_of(fn, [x, weight, bias], grad_out)
     assert_relu_layer_norm_close(out, ours, x, weight, bias, grad_out, dtype_name)
+    plain = cutlass_ext.layer_norm(x, weight, bias)
+    assert_close_to_reference(plain, ref_layer_norm(x, weight, bias), peer_layer_norm(x, weight, bias), dtype_name)
+    bare = cutlass_ext.layer_norm(x)
+    assert_close_to_reference(bare, ref_layer_norm(x, None, None), peer_layer_norm(x, None, None), dtype_name)
 
 
 # Rows too long for registers: read once through shared memory where the row fits there (the
