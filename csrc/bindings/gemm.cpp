@@ -376,6 +376,9 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
   const int64_t align = math == MathMode::kExactF32 ? 1 : 16 / int64_t(a.element_size());
   const int64_t Kp = round_up(K, align), Np = round_up(N, align);
+  // No extended-K kernel writes a padded D: decide before any operand is copied, so that the
+  // fallback's own call is the only one that pads.
+  if (has_a2 && Np != N) return without_a2();
 
   // Copies of an operand, K-major and padded to (Kp, Np), which every build can read.
   MatrixView va, vb;
