@@ -425,33 +425,37 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 // from shared memory, so x is read from memory once. Per-vector moments merged with Chan's
 // formula (the two-pass-over-memory kernel's method) cost a division per vector in a kernel that
 // is instruction-bound here, so these statistics take one more pass over shared memory instead.
-template <class T, int kThreads>
+template <class T, int kThreads, bool kRelu>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
   constexpr int kVec = vec_width<T>();
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
   const int64_t row = blockIdx.x;
   copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
+  // The pieces as raw words, converted when used, and relu at compile time: this kernel is
+  // instruction-bound too (the row-in-registers kernel's notes).
+  auto piece = [&](int j, RawVec<T, kVec> const& r) {
+    const float v = raw_at<T, kVec>(r, j);
+    return kRelu ? act::relu(v) : v;
+  };
 
   // Exact two-pass statistics over the row in shared memory: the sum (started on each column
   // group as it lands), then the squared deviations from the mean.
   __shared__ float scratch[kThreads / 32];
   float sum = 0.f;
   for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
-    float h[kVec];
-    load_vec<T, kVec>(row_s + col, h);
+    const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) sum += p.relu ? act::relu(h[j]) : h[j];
+    for (int j = 0; j < kVec; ++j) sum += piece(j, r);
   });
   const float inv_cols = __frcp_rn(float(p.cols));
   const float mean = group_sum<kThreads>(sum, scratch) * inv_cols;
   float sq = 0.f;
   for_all_own_pieces<T>(p.cols, [&](int64_t col) {
-    float h[kVec];
-    load_vec<T, kVec>(row_s + col, h);
+    const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const float d = (p.relu ? act::relu(h[j]) : h[j]) - mean;
+      const float d = piece(j, r) - mean;
       sq += d * d;
     }
   });
@@ -460,10 +464,22 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
     p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
-  const float2 stats = make_float2(mean, rstd);
   const Dropout drop(p.dropout);
-  for_all_own_pieces<T>(p.cols,
-                        [&](int64_t col) { normalize_piece<T, kVec>(p, drop, row, col, row_s + col, stats); });
+  const T* weight = static_cast<const T*>(p.weight);
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y) + row * p.y_ld;
+  for_all_own_pieces<T>(p.cols, [&](int64_t col) {
+    const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
+    const RawVec<T, kVec> w = weight != nullptr ? load_raw<T, kVec>(weight + col) : raw_fill<T, kVec>(1.f);
+    const RawVec<T, kVec> b = bias != nullptr ? load_raw<T, kVec>(bias + col) : raw_fill<T, kVec>(0.f);
+    float h[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      h[j] = fmaf((piece(j, r) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
+    }
+    if (drop.on) drop.apply<kVec>(h, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
+    store_vec<T, kVec>(y + col, h);
+  });
 }
 
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
@@ -511,8 +527,10 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
     if (rows_that_fit >= 1) {
       const bool narrow = rows_that_fit >= kSharedNarrowMinRows;
-      auto kernel = narrow ? layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads>
-                           : layer_norm_fwd_shared_kernel<T, kLongThreads>;
+      auto kernel = narrow ? (p.relu ? layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, true>
+                                     : layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, false>)
+                           : (p.relu ? layer_norm_fwd_shared_kernel<T, kLongThreads, true>
+                                     : layer_norm_fwd_shared_kernel<T, kLongThreads, false>);
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
         const size_t bytes = size_t(p.cols) * sizeof(T);
         kernel<<<unsigned(p.rows), narrow ? kSharedNarrowThreads : kLongThreads, bytes, stream>>>(p);
