@@ -271,6 +271,13 @@ __device__ __forceinline__ float raw_at(RawVec<T, kVec> const& r, int j) {
   }
 }
 
+// Element j of a raw piece of x as the normalization sees it (relu'd when kRelu).
+template <bool kRelu, class T, int kVec>
+__device__ __forceinline__ float raw_input(RawVec<T, kVec> const& r, int j) {
+  const float v = raw_at<T, kVec>(r, j);
+  return kRelu ? act::relu(v) : v;
+}
+
 // Rows held in registers: kTpr threads per row, exact two-pass statistics over the registers,
 // kRows rows per thread group (rows kGroups apart), so that one load of the group's weight and
 // bias serves kRows rows and the rows' reductions interleave. Every load of a thread (its x
@@ -317,40 +324,31 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
     bs[i] = bias != nullptr ? load_raw<T, kVec>(bias + c) : raw_fill<T, kVec>(0.f);
   }
 
-  auto h_at = [&](int r, int i, int j) {
-    const float v = raw_at<T, kVec>(xs[r][i], j);
-    return kRelu ? act::relu(v) : v;
+  auto h_at = [&](int r, int i, int j) { return raw_input<kRelu>(xs[r][i], j); };
+  // This thread's sum of term(h) over the valid columns of row r (per vector, then masked).
+  auto row_sum = [&](int r, auto term) {
+    float total = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s += term(h_at(r, i, j));
+      if (col_ok[i]) total += s;
+    }
+    return total;
   };
   const float inv_cols = __frcp_rn(float(cols));
   float mean[kRows], rstd[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      float s = 0.f;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) s += h_at(r, i, j);
-      if (col_ok[i]) sum += s;
-    }
-    mean[r] = sum;
-  }
+  for (int r = 0; r < kRows; ++r) mean[r] = row_sum(r, [](float h) { return h; });
 #pragma unroll
   for (int r = 0; r < kRows; ++r) mean[r] = group_sum<kTpr>(mean[r], scratch) * inv_cols;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    float sq = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVecs; ++i) {
-      float s = 0.f;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float d = h_at(r, i, j) - mean[r];
-        s += d * d;
-      }
-      if (col_ok[i]) sq += s;
-    }
-    rstd[r] = sq;
+    rstd[r] = row_sum(r, [&](float h) {
+      const float d = h - mean[r];
+      return d * d;
+    });
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rstd[r] = rsqrtf(group_sum<kTpr>(rstd[r], scratch) * inv_cols + p.eps);
@@ -432,12 +430,8 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
   const int64_t row = blockIdx.x;
   copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
-  // The pieces as raw words, converted when used, and relu at compile time: this kernel is
-  // instruction-bound too (the row-in-registers kernel's notes).
-  auto piece = [&](int j, RawVec<T, kVec> const& r) {
-    const float v = raw_at<T, kVec>(r, j);
-    return kRelu ? act::relu(v) : v;
-  };
+  // The pieces are read as raw words, converted when used, with relu at compile time: this
+  // kernel is instruction-bound too (the row-in-registers kernel's notes).
 
   // Exact two-pass statistics over the row in shared memory: the sum (started on each column
   // group as it lands), then the squared deviations from the mean.
@@ -446,7 +440,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
     const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) sum += piece(j, r);
+    for (int j = 0; j < kVec; ++j) sum += raw_input<kRelu>(r, j);
   });
   const float inv_cols = __frcp_rn(float(p.cols));
   const float mean = group_sum<kThreads>(sum, scratch) * inv_cols;
@@ -455,7 +449,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
     const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const float d = piece(j, r) - mean;
+      const float d = raw_input<kRelu>(r, j) - mean;
       sq += d * d;
     }
   });
@@ -475,7 +469,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
     float h[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      h[j] = fmaf((piece(j, r) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
+      h[j] = fmaf((raw_input<kRelu>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
     }
     if (drop.on) drop.apply<kVec>(h, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
     store_vec<T, kVec>(y + col, h);
