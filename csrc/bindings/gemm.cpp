@@ -548,11 +548,11 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, Kp, L, p.sm_count, opts.config);
   if (has_a2) {
     // The extended-K twin of the chosen kernel, when A2 and B2 are readable with A's and B's
-    // majorness; otherwise the second product runs first.
+    // majorness (N is unpadded here: see above); otherwise the second product runs first.
     const GemmKernelEntry* twin = nullptr;
     MatrixView va2, vb2;
     if (!kernel->transposed && !with_c && as_matrix(a2_3, align, va2) && as_matrix(b2_3, align, vb2) &&
-        va2.y_contiguous == va.y_contiguous && vb2.y_contiguous == vb.y_contiguous && Np == N) {
+        va2.y_contiguous == va.y_contiguous && vb2.y_contiguous == vb.y_contiguous) {
       for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, false, false, true)) {
         if (std::strcmp(e->config, kernel->config) == 0) twin = e;
       }

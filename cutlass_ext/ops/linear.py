@@ -77,7 +77,7 @@ def check_matmul_args(A, B) -> None:
         torch.broadcast_shapes(batch_a, batch_b)
     except RuntimeError as exc:
         raise ValueError(
-            f"cutlass_ext.{op}: batch dimensions {tuple(A.shape[:-2])} of A and {tuple(B.shape[:-2])} "
+            f"cutlass_ext.{op}: batch dimensions {tuple(batch_a)} of A and {tuple(batch_b)} "
             "of B do not broadcast"
         ) from exc
 
