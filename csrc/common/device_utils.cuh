@@ -113,11 +113,14 @@ __host__ __device__ inline int64_t shared_row_chunk(int64_t cols) {
 // Calls fn(col) for the first column of each 16-byte piece of group g that this thread owns: the
 // copy and every later pass walk the row through this one function, so a thread reads back
 // exactly the pieces it copied.
+// A row that fits in shared memory has far fewer than 2^31 columns, so the walk counts in 32 bits
+// (64-bit induction variables cost two instructions per add and compare).
 template <class T, class Fn>
 __device__ __forceinline__ void for_own_pieces(int64_t cols, int g, Fn&& fn) {
   constexpr int kVec = vec_width<T>();
-  const int64_t chunk = shared_row_chunk<T>(cols), end = min(cols, (g + 1) * chunk);
-  for (int64_t col = g * chunk + int64_t(threadIdx.x) * kVec; col < end; col += int64_t(blockDim.x) * kVec) fn(col);
+  const int chunk = int(shared_row_chunk<T>(cols)), end = min(int(cols), (g + 1) * chunk);
+  const int stride = int(blockDim.x) * kVec;
+  for (int col = g * chunk + int(threadIdx.x) * kVec; col < end; col += stride) fn(col);
 }
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {

@@ -23,9 +23,9 @@ namespace {
 //                          In the 256-thread configs each group normalizes two rows.
 //   longer rows            a block per row. On the vector path, where the row fits in shared
 //                          memory (bf16/fp16 up to ~113K columns on Hopper), the row is copied
-//                          there once (cp.async) and every pass reads it from there (exact
-//                          two-pass statistics; 256-thread blocks where four rows fit an SM,
-//                          else 512); otherwise 512 threads and two passes over the row in
+//                          there once (cp.async) and both passes read it from there (one
+//                          statistics pass about a per-thread shift; 256-thread blocks where
+//                          four rows fit an SM, else 512); otherwise 512 threads and two passes over the row in
 //                          memory (the second mostly from L2), with statistics by exact
 //                          per-vector moments combined with Chan's formula, so a large mean does
 //                          not cancel the variance.
@@ -418,42 +418,51 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
   normalize_store<T, kVec>(p, drop, row, col, h, stats.x, stats.y);
 }
 
-// Rows in shared memory (vector path): a block per row; the statistics passes start on the first
+// Rows in shared memory (vector path): a block per row; the statistics pass starts on the first
 // column group while the others are still being copied in, and the normalize pass reads the row
-// from shared memory, so x is read from memory once. Per-vector moments merged with Chan's
-// formula (the two-pass-over-memory kernel's method) cost a division per vector in a kernel that
-// is instruction-bound here, so these statistics take one more pass over shared memory instead.
+// from shared memory, so x is read from memory once. The kernel is instruction-bound (ncu at
+// 8192x16384 bf16: ~77% of issue slots busy at ~57% of DRAM bandwidth), so:
+//  - one statistics pass, not two: each thread sums d = h - shift and d * d, its shift being its
+//    own first element, and the squared deviations from the row mean follow from those sums
+//    (sum (d - delta)^2 = sum d^2 - 2 delta sum d + n delta^2, delta = mean - shift). The shift
+//    is one of the thread's own values, so the cancellation is bounded by a few times the
+//    thread's element count in fp32 roundings, the order of the summation's own error; a large
+//    common offset of the row cancels exactly as in the two-pass form;
+//  - pieces are read as raw words and converted when used, relu at compile time;
+//  - whether weight and bias exist is decided once per block, not per piece.
 template <class T, int kThreads, bool kRelu>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
   constexpr int kVec = vec_width<T>();
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
   const int64_t row = blockIdx.x;
+  const int cols = int(p.cols);  // the row fits in shared memory
   copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
-  // The pieces are read as raw words, converted when used, with relu at compile time: this
-  // kernel is instruction-bound too (the row-in-registers kernel's notes).
 
-  // Exact two-pass statistics over the row in shared memory: the sum (started on each column
-  // group as it lands), then the squared deviations from the mean.
-  __shared__ float scratch[kThreads / 32];
-  float sum = 0.f;
-  for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
-    const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) sum += raw_input<kRelu>(r, j);
-  });
-  const float inv_cols = __frcp_rn(float(p.cols));
-  const float mean = group_sum<kThreads>(sum, scratch) * inv_cols;
-  float sq = 0.f;
-  for_all_own_pieces<T>(p.cols, [&](int64_t col) {
+  // The shift: this thread's first element, in column group 0 (every thread has a piece there in
+  // the configurations launched; a thread without one shifts by 0, which is still exact algebra).
+  wait_row_group(0);
+  const int own_first = int(threadIdx.x) * kVec;
+  const float shift =
+      own_first < int(shared_row_chunk<T>(p.cols)) ? raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first), 0) : 0.f;
+  float s1 = 0.f, s2 = 0.f;
+  int count = 0;
+  for_own_pieces_landing<T>(p.cols, [&](int col) {
     const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const float d = raw_input<kRelu>(r, j) - mean;
-      sq += d * d;
+      const float d = raw_input<kRelu>(r, j) - shift;
+      s1 += d;
+      s2 = fmaf(d, d, s2);
     }
+    count += kVec;
   });
-  const float rstd = rsqrtf(group_sum<kThreads>(sq, scratch) * inv_cols + p.eps);
+  __shared__ float scratch[kThreads / 32];
+  const float inv_cols = __frcp_rn(float(cols));
+  const float mean = group_sum<kThreads>(fmaf(float(count), shift, s1), scratch) * inv_cols;
+  const float delta = mean - shift;
+  const float own_m2 = fmaf(delta, fmaf(float(count), delta, -2.f * s1), s2);
+  const float rstd = rsqrtf(fmaxf(group_sum<kThreads>(own_m2, scratch) * inv_cols, 0.f) + p.eps);
   if (threadIdx.x == 0) {
     p.mean[row] = mean;
     p.rstd[row] = rstd;
@@ -462,18 +471,36 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y) + row * p.y_ld;
-  for_all_own_pieces<T>(p.cols, [&](int64_t col) {
-    const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
-    const RawVec<T, kVec> w = weight != nullptr ? load_raw<T, kVec>(weight + col) : raw_fill<T, kVec>(1.f);
-    const RawVec<T, kVec> b = bias != nullptr ? load_raw<T, kVec>(bias + col) : raw_fill<T, kVec>(0.f);
-    float h[kVec];
+  auto normalize = [&](auto has_weight, auto has_bias) {
+    for_all_own_pieces<T>(p.cols, [&](int col) {
+      const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
+      RawVec<T, kVec> w, b;
+      if constexpr (decltype(has_weight)::value) {
+        w = load_raw<T, kVec>(weight + col);
+      } else {
+        w = raw_fill<T, kVec>(1.f);
+      }
+      if constexpr (decltype(has_bias)::value) {
+        b = load_raw<T, kVec>(bias + col);
+      } else {
+        b = raw_fill<T, kVec>(0.f);
+      }
+      float h[kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      h[j] = fmaf((raw_input<kRelu>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
-    }
-    if (drop.on) drop.apply<kVec>(h, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
-    store_vec<T, kVec>(y + col, h);
-  });
+      for (int j = 0; j < kVec; ++j) {
+        h[j] = fmaf((raw_input<kRelu>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
+      }
+      if (drop.on) drop.apply<kVec>(h, uint64_t(row) * uint64_t(cols) + uint64_t(col));
+      store_vec<T, kVec>(y + col, h);
+    });
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (weight != nullptr) {
+    bias != nullptr ? normalize(Yes{}, Yes{}) : normalize(Yes{}, No{});
+  } else {
+    bias != nullptr ? normalize(No{}, Yes{}) : normalize(No{}, No{});
+  }
 }
 
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
