@@ -123,12 +123,14 @@ def test_every_row_config(device, dtype_name, cols):
 
 
 # Rows too long for registers: read once through shared memory where the row fits there (the
-# vector path), else the two-pass kernels. The backward's dx kernel holds x and dy, twice the
+# vector path; 256-thread blocks where four rows fit an SM, as 8200 fp32 columns do, else 512),
+# else the two-pass kernels. The backward's dx kernel holds x and dy, twice the
 # forward's row. Hopper gives a block up to 227 KB: 65536 fp16 columns fit the forward only,
 # 65536 fp32 columns neither.
 @requires_cuda
 @pytest.mark.parametrize("dtype_name,cols,forward,backward", [
     ("bf16", 16392, "shared", "shared"), ("fp16", 65536, "shared", "long"), ("fp32", 20000, "shared", "shared"),
+    ("fp32", 8200, "shared", "shared"),
     ("fp32", 65536, "long", "long"), ("bf16", 20001, "long", "long")])
 def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, forward, backward):
     dtype = DTYPES[dtype_name]
@@ -205,6 +207,12 @@ def test_extreme_inputs(device, dtype_name, cols):
     big = 3e4 if dtype == torch.float16 else 1e6
     # Large magnitudes with a large common offset (the variance must not cancel away) ...
     x = rand(8, cols, device=device, dtype=dtype, scale=big / 8, offset=big / 2)
+    out = cutlass_ext.layer_norm(x)
+    assert_close_to_reference(out, ref_layer_norm(x, None, None), peer_layer_norm(x, None, None), dtype_name)
+    # ... outliers at the first column of every vector, where each thread's statistics take their
+    # shift (the shared-memory kernel sums deviations from a thread's first element) ...
+    x = rand(8, cols, device=device, dtype=dtype)
+    x[:, ::8] = big / 8
     out = cutlass_ext.layer_norm(x)
     assert_close_to_reference(out, ref_layer_norm(x, None, None), peer_layer_norm(x, None, None), dtype_name)
     # ... and constant rows: variance 0, so y = bias, and finite gradients.
