@@ -95,32 +95,30 @@ __device__ __forceinline__ float block_max(float v, float* scratch) { return blo
 // shared memory (up to ~113K 16-bit elements on Hopper). The block copies its row in with
 // cp.async, which holds no registers while in flight, so the whole row is requested at once and
 // read from memory once. Each thread copies, and later reads back, only its own 16-byte pieces
-// (piece t, t + blockDim.x, ... of each group), so no barrier is needed between the copy and
+// (pieces t, t + blockDim.x, t + 2 * blockDim.x, ...), so no barrier is needed between the copy and
 // the thread's reads: waiting for its own copies is enough.
 //
-// The row is copied in kRowGroups groups of columns, so that a first pass can start on group 0
-// while the rest are still in flight. Group g covers [g * chunk, min(cols, (g + 1) * chunk)),
-// chunk = shared_row_chunk(cols), a multiple of the vector width.
+// The row is copied in kRowGroups groups, so that a first pass can start on group 0 while the
+// rest are still in flight. A thread's pieces are the 16-byte pieces at columns
+// threadIdx.x * kVec + k * blockDim.x * kVec (its rounds k = 0, 1, ...), and group g holds
+// consecutive rounds: [g * per_group, (g + 1) * per_group), per_group = ceil(rounds / kRowGroups).
+// Later passes walk all of a thread's pieces in one loop. A row that fits in shared memory has far
+// fewer than 2^31 columns, so the walks count in 32 bits (64-bit induction variables cost two
+// instructions per add and compare).
 
 constexpr int kRowGroups = 4;
 
-template <class T>
-__host__ __device__ inline int64_t shared_row_chunk(int64_t cols) {
-  constexpr int kVec = vec_width<T>();
-  return (cols + kRowGroups * kVec - 1) / (kRowGroups * kVec) * kVec;
-}
-
 // Calls fn(col) for the first column of each 16-byte piece of group g that this thread owns: the
-// copy and every later pass walk the row through this one function, so a thread reads back
-// exactly the pieces it copied.
-// A row that fits in shared memory has far fewer than 2^31 columns, so the walk counts in 32 bits
-// (64-bit induction variables cost two instructions per add and compare).
+// copy and the first pass walk the row through this function, later passes through
+// for_all_own_pieces, so a thread reads back exactly the pieces it copied.
 template <class T, class Fn>
 __device__ __forceinline__ void for_own_pieces(int64_t cols, int g, Fn&& fn) {
   constexpr int kVec = vec_width<T>();
-  const int chunk = int(shared_row_chunk<T>(cols)), end = min(int(cols), (g + 1) * chunk);
-  const int stride = int(blockDim.x) * kVec;
-  for (int col = g * chunk + int(threadIdx.x) * kVec; col < end; col += stride) fn(col);
+  const int n = int(cols), stride = int(blockDim.x) * kVec;
+  const int per_group = ((n + stride - 1) / stride + kRowGroups - 1) / kRowGroups;
+  const int begin = int(threadIdx.x) * kVec + g * per_group * stride;
+  const int end = min(n, begin + per_group * stride);
+  for (int col = begin; col < end; col += stride) fn(col);
 }
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
@@ -189,8 +187,9 @@ __device__ __forceinline__ void for_own_pieces_landing(int64_t cols, Fn&& fn) {
 // Calls fn(col) for each of this thread's pieces of every group (later passes, once all landed).
 template <class T, class Fn>
 __device__ __forceinline__ void for_all_own_pieces(int64_t cols, Fn&& fn) {
-#pragma unroll
-  for (int g = 0; g < kRowGroups; ++g) for_own_pieces<T>(cols, g, fn);
+  constexpr int kVec = vec_width<T>();
+  const int n = int(cols), stride = int(blockDim.x) * kVec;
+  for (int col = int(threadIdx.x) * kVec; col < n; col += stride) fn(col);
 }
 
 // Static shared memory of the row kernels besides the row (reduction scratch), with margin.

@@ -439,12 +439,11 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   const int cols = int(p.cols);  // the row fits in shared memory
   copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
 
-  // The shift: this thread's first element, in column group 0 (every thread has a piece there in
-  // the configurations launched; a thread without one shifts by 0, which is still exact algebra).
+  // The shift: this thread's first element (its round 0, in group 0; a thread with no piece at all
+  // has nothing to sum).
   wait_row_group(0);
   const int own_first = int(threadIdx.x) * kVec;
-  const float shift =
-      own_first < int(shared_row_chunk<T>(p.cols)) ? raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first), 0) : 0.f;
+  const float shift = own_first < cols ? raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first), 0) : 0.f;
   float s1 = 0.f, s2 = 0.f;
   int count = 0;
   for_own_pieces_landing<T>(p.cols, [&](int col) {
