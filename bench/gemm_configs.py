@@ -23,6 +23,8 @@ LLM = ((4096, 4096), (4096, 11008), (11008, 4096))
 SHAPE_SETS = {
     "large": [(m, k, n) for k, n in LLM for m in (2048, 4096, 8192, 16384)] + [(4096, 4096, 4096), (8192, 8192, 8192)],
     "small": [(m, k, n) for k, n in LLM for m in (1, 8, 16, 32, 64, 128, 256, 512)],
+    # Between the transposed small-M kernels and two waves of 128x128 tiles.
+    "mid": [(m, k, n) for k, n in LLM for m in (256, 512, 768, 1024, 1536, 2048)],
     # Short K: LoRA's rank-r products (K = r) and narrow input layers.
     "shortk": [(m, k, n) for k, n in ((16, 4096), (64, 4096), (16, 11008), (64, 11008), (16, 512))
                for m in (2048, 8192, 32768)],

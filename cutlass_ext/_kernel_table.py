@@ -60,6 +60,19 @@ SM90_CONFIGS = (
 # on any measured shape, so it is built for TF32 only (4-byte operands keep the cooperative
 # configs), which keeps the full build within its time budget.
 SM90_16BIT_CONFIGS = (SM90_CONFIGS[0], SM90_CONFIGS[2])
+# Between one and two waves of 128x128 tiles (M = 256-2048 against 4096-11008-wide weights) a
+# ping-pong CTA has one tile for one of its two math warpgroups (ncu at 512x4096x4096 on an
+# H200: 1.3 active warps per scheduler of 3, tensor pipe 57% busy, where cuBLASLt's 128x128
+# kernel keeps both warpgroups on each tile: 73%). The cooperative kernel splits every tile
+# between its warpgroups; its 2x1 cluster shares each weight tile between two CTAs. Built for the
+# plain forward (K-major operands, no aux output, no C).
+MID_CONFIGS = (
+    GemmConfig(
+        "128x128_2x1_coop", 128, 128, 2, 1, "Cooperative", "PersistentScheduler",
+        use="fewer than two 128x128 tiles per SM: both warpgroups on every tile",
+    ),
+)
+
 # The extended-K kernels (LoRA's rank-r term inside the main GEMM) come in the preferred
 # data-parallel config only; products that would take another config run the term separately.
 EXTK_CONFIG = SM90_CONFIGS[0]
@@ -143,7 +156,7 @@ HAND_WRITTEN_CONFIGS = (LOWK_CONFIG,)
 
 def all_configs() -> tuple:
     """Every config of the table, in listing order."""
-    return (SM90_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
+    return (SM90_CONFIGS + MID_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
             + HAND_WRITTEN_CONFIGS)
 
 
@@ -277,6 +290,9 @@ def all_kernels() -> list[GemmKernel]:
                     continue
                 for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
+                if dtype != "tf32" and (a, b, aux) == ("k", "k", False):
+                    for cfg in MID_CONFIGS:
+                        kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 # Transposed kernels serve small-M products: the forward (its A' is the K-major
                 # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.
                 if dtype != "tf32" and b == "k" and (a == "k" or not aux):

@@ -196,6 +196,32 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
   }
+  // Between half a wave and two waves of the preferred tiles (M = 512-1024 against 4096-wide
+  // weights), the forward has two more kernels: the cooperative config, whose CTAs keep both math
+  // warpgroups on each tile where a ping-pong CTA has one tile for one of them, and the transposed
+  // 64x128 tiles. Whichever fills its last wave better by more than a tenth of a wave wins,
+  // the cooperative tiles on a tie. Measured on an H200 (bench/gemm_configs.py --set mid): this
+  // picks the best of the built configs within 2% on M = 512-2048 with K, N of 4096 and 11008;
+  // at 768 x 4096 x 4096 a 128x128 grid leaves its second wave 45% full and the 64x128 tiles
+  // ran 1.05-1.19x faster.
+  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM) {
+    const int64_t dp_tiles = output_tiles(*best_dp, M, N, L);
+    const GemmKernelEntry* coop = nullptr;
+    const GemmKernelEntry* narrow = nullptr;
+    for (const GemmKernelEntry* e : cutlass) {
+      if (!e->transposed && !e->stream_k && e != best_dp && coop == nullptr) coop = e;
+      if (e->transposed && !e->stream_k && e->tile_m == 64 && e->tile_n == 128) narrow = e;
+    }
+    if ((coop != nullptr || narrow != nullptr) && 2 * dp_tiles >= sms && dp_tiles < 2 * int64_t(sms)) {
+      auto last_wave_fill = [&](const GemmKernelEntry& e) {
+        const int64_t tiles = output_tiles(e, M, N, L);
+        return double(tiles) / double((tiles + sms - 1) / sms * sms);
+      };
+      const GemmKernelEntry* pick = coop != nullptr ? coop : best_dp;
+      if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;
+      if (pick != best_dp || dp_tiles >= sms) return pick;
+    }
+  }
   // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
   // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K
   // tiles ran 2048^2 x 2048 4.6x slower than cuBLAS).

@@ -657,6 +657,34 @@ def test_small_m_forward_backward(dtype_name, m):
 
 
 # ------------------------------------------------------------------------------------------------
+# Between half a wave and two waves of 128x128 tiles the forward takes the cooperative 128x128
+# tiles or the transposed 64x128 tiles, whichever leaves its last wave fuller (by more than a
+# tenth of a wave; the cooperative ones on a tie).
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000)])
+def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
+    k = 264
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
+    y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, relu=True))
+    assert len(names) == 1, names
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    square = math.ceil(m / 128) * math.ceil(n / 128)
+    if not (2 * square >= sms and square < 2 * sms):
+        pytest.skip(f"{square} tiles of 128x128 are outside (half a wave, two waves) on {sms} SMs")
+    fill = lambda tiles: tiles / (math.ceil(tiles / sms) * sms)  # noqa: E731
+    narrow = math.ceil(m / 128) * math.ceil(n / 64)
+    if fill(narrow) > fill(square) + 0.1:
+        assert "Pingpong" in names[0], names
+    else:
+        assert "Cooperative" in names[0] and "StreamK" not in names[0], names
+
+
+# ------------------------------------------------------------------------------------------------
 # config=: a config forced per call (the benchmarks' override)
 
 
