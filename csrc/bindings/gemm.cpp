@@ -149,8 +149,12 @@ bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") ==
 // Whether a kernel can run a product of depth K.
 bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
 
+// `with_extk_twin`: the product carries LoRA's rank-r pair (A2, B2), which only the preferred
+// data-parallel config folds into its K loop (gemm/sm90_extk.cuh); the mid-M choice below is
+// skipped so that the pair stays in the main GEMM.
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
-                                     int64_t K, int64_t L, int sms, const std::string& config) {
+                                     int64_t K, int64_t L, int sms, const std::string& config,
+                                     bool with_extk_twin = false) {
   if (!config.empty()) {
     std::string names;
     for (const GemmKernelEntry* e : candidates) {
@@ -204,7 +208,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // picks the best of the built configs within 2% on M = 512-2048 with K, N of 4096 and 11008;
   // at 768 x 4096 x 4096 a 128x128 grid leaves its second wave 45% full and the 64x128 tiles
   // ran 1.05-1.19x faster.
-  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM) {
+  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin) {
     const int64_t dp_tiles = output_tiles(*best_dp, M, N, L);
     const GemmKernelEntry* coop = nullptr;
     const GemmKernelEntry* narrow = nullptr;
@@ -571,7 +575,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
       tuning::record(key, kernel->config);
     }
   }
-  if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, Kp, L, p.sm_count, opts.config);
+  if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, Kp, L, p.sm_count, opts.config, has_a2);
   if (has_a2) {
     // The extended-K twin of the chosen kernel, when A2 and B2 are readable with A's and B's
     // majorness (N is unpadded here: see above); otherwise the second product runs first.
