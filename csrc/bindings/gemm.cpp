@@ -154,7 +154,7 @@ bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <
 // skipped so that the pair stays in the main GEMM.
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
                                      int64_t K, int64_t L, int sms, const std::string& config,
-                                     bool with_extk_twin = false) {
+                                     bool with_extk_twin) {
   if (!config.empty()) {
     std::string names;
     for (const GemmKernelEntry* e : candidates) {
@@ -223,7 +223,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       };
       const GemmKernelEntry* pick = coop != nullptr ? coop : best_dp;
       if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;
-      if (pick != best_dp || dp_tiles >= sms) return pick;
+      if (pick != best_dp) return pick;  // else the rule below (data-parallel from one wave)
     }
   }
   // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
