@@ -52,7 +52,8 @@ SM90_CONFIGS = (
     ),
     GemmConfig(
         "128x128_1x1_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",
-        use="fewer output tiles than SMs (small M or N, weight gradients): stream-K splits K",
+        use="fewer output tiles than SMs (small M or N, weight gradients): split-K; "
+            "a partial second wave with a long K: stream-K",
     ),
 )
 

@@ -140,6 +140,8 @@ constexpr int64_t kTransposedMinTiles = 8;
 // shortk, persistent short-K kernel): at K = 16 it beat every CUTLASS config on every shape; at
 // K = 64 it beat the CUTLASS default up to 8192 rows (2048 x 64 x 4096: 20.5 vs 25.7 us) and lost
 // to it at 32768 rows (198.9 vs 187.7 us).
+// Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
+constexpr int64_t kStreamKMinK = 8192;
 constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
 constexpr int64_t kLowKLongMaxRows = 8192;
@@ -200,6 +202,17 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
   }
+  // Between one and two waves of the preferred tiles with the second wave under half full and a
+  // long K, the stream-K config with the same tile spreads the last wave's K loops over every SM
+  // (split_k_factor returns 0 there: CUTLASS's stream-K decomposition). Measured on an H200
+  // (bf16, bench/NOTES.md section 12): 768 x 11008 -> 4096 108.7 us against 122.3 for the best
+  // data-parallel config, 768 x 8192 -> 4096 87.0 against 94.6; at K = 4096 the fix-up of the
+  // split tiles cost more than the balance gained (768 x 4096 x 4096: 55.4 against 49.4).
+  if (best_dp != nullptr && best_sk != nullptr && !only_transposed && !with_extk_twin && K >= kStreamKMinK &&
+      best_sk->tile_m == best_dp->tile_m && best_sk->tile_n == best_dp->tile_n) {
+    const int64_t tiles = output_tiles(*best_dp, M, N, L);
+    if (tiles > sms && tiles < 2 * int64_t(sms) && 2 * (tiles - sms) < sms) return best_sk;
+  }
   // Between half a wave and two waves of the preferred tiles (M = 512-1024 against 4096-wide
   // weights), the forward has two more kernels: the cooperative config, whose CTAs keep both math
   // warpgroups on each tile where a ping-pong CTA has one tile for one of them, and the transposed
@@ -235,15 +248,17 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   return best_sk;
 }
 
-// Split-K factor for a stream-K kernel on a problem with few output tiles: as many splits as fit
-// in one wave, at most 16 and at least 4 K-tiles (128-byte deep stages) per split. Left to
-// CUTLASS's stream-K decomposition, a handful of output tiles with a very long K (the weight
+// Split count for a stream-K kernel. Below one wave of output tiles: as many splits as fit in one
+// wave, at most 16 and at least 4 K-tiles (128-byte deep stages) per split; left to CUTLASS's
+// stream-K decomposition instead, a handful of output tiles with a very long K (the weight
 // gradient of a narrow layer over 65536 rows) was cut into ~132 pieces whose deterministic
-// reduction then ran as one 132-step serial chain.
+// reduction then ran as one 132-step serial chain. From one wave on: 1 (data-parallel) when the
+// waves are full, else 0, CUTLASS's stream-K decomposition, which shares the K loops of the last
+// two waves' tiles among all SMs (at most a few pieces per tile).
 int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int64_t L, int sms,
                    int64_t element_size) {
   const int64_t tiles = output_tiles(kernel, M, N, L);
-  if (tiles >= sms) return 1;
+  if (tiles >= sms) return tiles % sms != 0 ? 0 : 1;
   const int64_t k_tiles = (K + 128 / element_size - 1) / (128 / element_size);
   const int64_t splits = std::min<int64_t>({sms / tiles, 16, k_tiles / 4});
   return int(std::max<int64_t>(splits, 1));

@@ -43,7 +43,9 @@ struct GemmParams {
   float beta = 0.f;
   int device = 0;
   int sm_count = 0;
-  int splits = 1;   // split-K factor for stream-K configs (set by the binding); 1 = data-parallel
+  // Stream-K configs (set by the binding): the split-K factor, 1 for data-parallel tiles, or 0
+  // for CUTLASS's stream-K decomposition (the last partial wave's K loops spread over every SM).
+  int splits = 1;
   int swizzle = 1;  // tile-rasterization swizzle (1, 2, 4 or 8): tiles that share operands run together
 };
 

@@ -154,8 +154,10 @@ struct GemmBundle {
       // The binding picks the split count (split_k_factor); CUTLASS's own stream-K heuristic can
       // cut a few long-K tiles into ~one piece per SM, whose deterministic fix-up is a serial chain.
       using Decomposition = cutlass::gemm::kernel::detail::DecompositionMode;
-      args.scheduler.decomposition_mode = p.splits > 1 ? Decomposition::SplitK : Decomposition::DataParallel;
-      args.scheduler.splits = p.splits;
+      args.scheduler.decomposition_mode = p.splits == 0  ? Decomposition::StreamK
+                                          : p.splits > 1 ? Decomposition::SplitK
+                                                         : Decomposition::DataParallel;
+      args.scheduler.splits = p.splits > 1 ? p.splits : 1;
       args.scheduler.reduction_mode = cutlass::gemm::kernel::detail::ReductionMode::Deterministic;
     }
     return args;

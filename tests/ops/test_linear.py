@@ -685,6 +685,44 @@ def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
         assert "Cooperative" in name and "StreamK" not in name, name
 
 
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("k", [4096, 8192])
+def test_partial_second_wave_with_a_long_k_takes_stream_k(k):
+    # 6 row tiles of 128 and enough column tiles for about 1.3 waves of 128x128 tiles: the stream-K
+    # decomposition from K = 8192 on, a data-parallel kernel below.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = 128 * math.ceil(1.3 * sms / 6)
+    tiles = 6 * n // 128
+    assert sms < tiles < 1.5 * sms
+    name = heuristic_kernel(768, k, n)
+    assert ("StreamKScheduler" in name) == (k >= 8192), name
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["kn", "weight_t"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_stream_k_decomposition_is_correct_and_deterministic(dtype_name, layout, activation):
+    # About 1.4 waves of 128x128 tiles with partial tiles at both edges: the stream-K config splits
+    # the K loops of its tiles between SMs (split count 0) and reduces them in a fixed order.
+    dtype = DTYPES[dtype_name]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m = 128 * 5 + 37
+    n = 128 * (math.ceil(1.4 * sms / 6) - 1) + 72
+    k = 2000
+    A = rand(m, k, device="cuda", dtype=dtype)
+    B = make_b(k, n, layout, "cuda", dtype)
+    bias = rand(n, device="cuda", dtype=dtype)
+    run = lambda: cutlass_ext.linear(A, B, bias, activation=activation, config="128x128_1x1_coop_sk")  # noqa: E731
+    y, names = gemm_kernels_run(run)
+    assert len(names) == 1 and "StreamKScheduler" in names[0], names
+    assert_close_to_reference(y, ref_linear(A, B, bias, activation), peer_linear(A, B, bias, activation), dtype_name)
+    for _ in range(3):
+        assert torch.equal(run(), y)
+
+
 # ------------------------------------------------------------------------------------------------
 # config=: a config forced per call (the benchmarks' override)
 
