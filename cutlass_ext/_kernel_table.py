@@ -67,10 +67,20 @@ SM90_16BIT_CONFIGS = (SM90_CONFIGS[0], SM90_CONFIGS[2])
 # kernel keeps both warpgroups on each tile: 73%). The cooperative kernel splits every tile
 # between its warpgroups; its 2x1 cluster shares each weight tile between two CTAs. Built for the
 # plain forward (K-major operands, no aux output, no C).
+#
+# From two waves on, the ping-pong tiles with a 2x2 cluster share both operand tiles between two
+# CTAs (the 1x2 cluster shares only the activation tile), which measured 1.06-1.09x faster on an
+# H200 where its grid needs no more rounds of tiles than the 1x2 cluster's. Fewer 4-CTA clusters
+# than 2-CTA clusters fit the SMs at once (a cluster stays within one GPC), so elsewhere it needs
+# one more round of tiles and is slower (bench/NOTES.md section 13); the binding compares the rounds.
 MID_CONFIGS = (
     GemmConfig(
         "128x128_2x1_coop", 128, 128, 2, 1, "Cooperative", "PersistentScheduler",
         use="fewer than two 128x128 tiles per SM: both warpgroups on every tile",
+    ),
+    GemmConfig(
+        "128x128_2x2_pp", 128, 128, 2, 2, "Pingpong", "PersistentScheduler",
+        use="two or more waves of 128x128 tiles, where 2x2 clusters need no more rounds than 1x2",
     ),
 )
 
@@ -261,6 +271,7 @@ class GemmKernel:
         _, _, dtype_enum, math_enum = DTYPES[self.dtype]
         cfg = self.config
         tile_m, tile_n = (cfg.tile_m, cfg.tile_n) if isinstance(cfg, GemmConfig) else cfg.tile
+        cluster = cfg.cluster_m * cfg.cluster_n if isinstance(cfg, GemmConfig) else 1
         stream_k = self.family == "sm90" and cfg.stream_k
         transposed = self.family == "sm90" and cfg.transposed
         a = "kK" if self.a_major == "k" else "kMN"
@@ -268,9 +279,10 @@ class GemmKernel:
         return (
             f'    {{"{self.name}", DType::{dtype_enum}, MathMode::{math_enum}, Major::{a}, Major::{b}, '
             f'{str(self.aux).lower()}, {str(self.with_c).lower()}, {self.gemm_arch}, "{self.family}", "{cfg.name}", '
-            f'{tile_m}, {tile_n}, '
+            f'{tile_m}, {tile_n}, {cluster}, '
             f"{str(stream_k).lower()}, {str(transposed).lower()}, {str(self.ext_k).lower()}, "
-            f"&generated::{self.name}_workspace_size, &generated::{self.name}_run}},"
+            f"&generated::{self.name}_workspace_size, &generated::{self.name}_run, "
+            f"&generated::{self.name}_active_clusters}},"
         )
 
 
@@ -369,6 +381,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
     decls = "".join(
         f"size_t {k.name}_workspace_size(GemmParams const&);\n"
         f"LaunchResult {k.name}_run(GemmParams const&, void*, cudaStream_t);\n"
+        f"int {k.name}_active_clusters();\n"
         for k in kernels
     )
     rows = "\n".join(k.registry_row() for k in kernels)
@@ -381,8 +394,8 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "}  // namespace generated\n\n"
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
-        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, nullptr, 0, 0, false, "
-        "false, false, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
+        + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, nullptr, 0, 0, 1, "
+        "false, false, false, nullptr, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"
         + "}  // namespace cutlass_ext\n"

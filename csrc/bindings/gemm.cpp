@@ -151,6 +151,32 @@ bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") ==
 // Whether a kernel can run a product of depth K.
 bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
 
+// CTAs of a kernel that run at once: its co-resident clusters' CTAs, at most one per SM.
+int64_t active_ctas(const GemmKernelEntry& e, int sms) {
+  const int clusters = e.active_clusters != nullptr ? e.active_clusters() : 0;
+  return clusters > 0 ? std::min<int64_t>(sms, int64_t(clusters) * e.cluster_size) : sms;
+}
+
+// The data-parallel kernel `dp`, or its twin with the same tile in larger clusters where that
+// twin's co-resident grid takes no more rounds of tiles. A 2x2 cluster shares both operand tiles
+// between two CTAs where `dp`'s 1x2 cluster shares one; on an H200 it ran 1.06-1.09x faster at
+// equal rounds, and up to 1.9x slower with one more round (bench/NOTES.md section 13).
+const GemmKernelEntry* wider_cluster_twin(const std::vector<const GemmKernelEntry*>& kernels,
+                                          const GemmKernelEntry& dp, int64_t M, int64_t N, int64_t L, int sms) {
+  const int64_t tiles = output_tiles(dp, M, N, L);
+  auto rounds = [&](const GemmKernelEntry& e) {
+    const int64_t ctas = active_ctas(e, sms);
+    return (tiles + ctas - 1) / ctas;
+  };
+  for (const GemmKernelEntry* e : kernels) {
+    if (e->cluster_size > dp.cluster_size && !e->transposed && !e->stream_k && e->tile_m == dp.tile_m &&
+        e->tile_n == dp.tile_n && rounds(*e) <= rounds(dp)) {
+      return e;
+    }
+  }
+  return &dp;
+}
+
 // `with_extk_twin`: the product carries LoRA's rank-r pair (A2, B2), which only the preferred
 // data-parallel config folds into its K loop (gemm/sm90_extk.cuh); the mid-M choice below is
 // skipped so that the pair stays in the main GEMM.
@@ -243,7 +269,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K
   // tiles ran 2048^2 x 2048 4.6x slower than cuBLAS).
   if (best_dp != nullptr && (output_tiles(*best_dp, M, N, L) >= sms || best_sk == nullptr || only_transposed)) {
-    return best_dp;
+    return with_extk_twin || only_transposed ? best_dp : wider_cluster_twin(cutlass, *best_dp, M, N, L, sms);
   }
   return best_sk;
 }
@@ -552,6 +578,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     q.b_stride_k = second.stride_k;
     q.b_stride_l = second.stride_l;
     if (e.stream_k) q.splits = split_k_factor(e, M, Np, Kp, L, q.sm_count, a.element_size());
+    q.max_active_clusters = e.active_clusters != nullptr ? e.active_clusters() : 0;
     return q;
   };
   auto launch = [&](const GemmKernelEntry& e, const GemmParams& q) {

@@ -4,6 +4,7 @@
 // Python itself only asks it what was built.
 #include <torch/extension.h>
 
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -25,6 +26,14 @@ std::vector<std::tuple<std::string, std::string>> kernels() {
   return out;
 }
 
+// Clusters of a GEMM kernel that fit on the current device at once (0: not a cluster kernel).
+int gemm_active_clusters(const std::string& name) {
+  for (int i = 0; i < kNumGemmKernels; ++i) {
+    if (name == kGemmKernels[i].name) return kGemmKernels[i].active_clusters();
+  }
+  throw std::invalid_argument("cutlass_ext: no GEMM kernel named '" + name + "' in this build");
+}
+
 }  // namespace
 }  // namespace cutlass_ext
 
@@ -32,6 +41,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "cutlass_ext CUDA kernels (loaded by cutlass_ext on first CUDA use)";
   m.def("activation_names", &cutlass_ext::activation_names);
   m.def("kernels", &cutlass_ext::kernels);
+  m.def("_gemm_active_clusters", &cutlass_ext::gemm_active_clusters);
   m.def("_configure_tuning", &cutlass_ext::tuning::configure);
   m.def("_set_tuning_enabled", &cutlass_ext::tuning::set_enabled);
   m.def("_tuning_enabled", &cutlass_ext::tuning::enabled);

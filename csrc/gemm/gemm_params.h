@@ -47,6 +47,9 @@ struct GemmParams {
   // for CUTLASS's stream-K decomposition (the last partial wave's K loops spread over every SM).
   int splits = 1;
   int swizzle = 1;  // tile-rasterization swizzle (1, 2, 4 or 8): tiles that share operands run together
+  // Clusters of the kernel that fit on the device at once (its entry's active_clusters), or 0
+  // when it does not run in clusters of more than one CTA: the persistent grid is sized to them.
+  int max_active_clusters = 0;
 };
 
 
@@ -58,6 +61,9 @@ enum class Major : int { kK = 0, kMN = 1 };
 
 using GemmWorkspaceFn = size_t (*)(GemmParams const&);
 using GemmRunFn = LaunchResult (*)(GemmParams const&, void* workspace, cudaStream_t);
+// Clusters of a kernel that fit on the current device at once (cudaOccupancyMaxActiveClusters,
+// cached per device), or 0 for a kernel that does not run in clusters of more than one CTA.
+using GemmActiveClustersFn = int (*)();
 
 struct GemmKernelEntry {
   const char* name;
@@ -71,11 +77,13 @@ struct GemmKernelEntry {
   const char* family;  // "sm90", "sm80", "simt", or "lowk" (hand-written, short K)
   const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
   int tile_m, tile_n;
+  int cluster_size;  // CTAs per cluster (1 for kernels without clusters)
   bool stream_k;
   bool transposed;  // computes D^T = B^T A^T: kernel M/N are the caller's N/M, D column-major
   bool ext_k;       // adds a second operand pair A2 @ B2 to the product
   GemmWorkspaceFn workspace_size;
   GemmRunFn run;
+  GemmActiveClustersFn active_clusters;
 };
 
 // Entry points of a hand-written kernel; `Bundle` provides workspace_size(p) and run(p, workspace,
@@ -85,7 +93,8 @@ struct GemmKernelEntry {
   ::cutlass_ext::LaunchResult NAME##_run(::cutlass_ext::GemmParams const& p, void* workspace,  \
                                          cudaStream_t stream) {                                \
     return BUNDLE::run(p, workspace, stream);                                                  \
-  }
+  }                                                                                            \
+  int NAME##_active_clusters() { return 0; }
 
 // Defined in the generated registry translation unit.
 extern const GemmKernelEntry kGemmKernels[];

@@ -44,6 +44,44 @@ cudaError_t raise_smem_limit_once() {
 
 }  // namespace detail
 
+// Clusters of the kernel that fit on the current device at once, or 0 for a kernel that does not
+// run in clusters of more than one CTA (or a CUTLASS 2.x kernel). A cluster stays within one GPC,
+// so on a 132-SM H200 fewer 4-CTA clusters than 2-CTA clusters fit. Queried once per device.
+template <class Gemm>
+int max_active_clusters() {
+  if constexpr (detail::IsCutlass3<Gemm>::value) {
+    using Kernel = typename Gemm::GemmKernel;
+    using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+    if constexpr (cute::size(Cluster{}) > 1) {
+      static std::atomic<int> cached[64] = {};
+      int device = 0;
+      if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
+      int clusters = cached[device].load(std::memory_order_relaxed);
+      if (clusters > 0) return clusters;
+      if (detail::raise_smem_limit_once<Kernel>() != cudaSuccess) return 0;
+      cudaLaunchAttribute attribute[1];
+      attribute[0].id = cudaLaunchAttributeClusterDimension;
+      attribute[0].val.clusterDim.x = cute::size<0>(Cluster{});
+      attribute[0].val.clusterDim.y = cute::size<1>(Cluster{});
+      attribute[0].val.clusterDim.z = cute::size<2>(Cluster{});
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
+      config.blockDim = Kernel::get_block_shape();
+      config.dynamicSmemBytes = Kernel::SharedStorageSize;
+      config.attrs = attribute;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>),
+                                         &config) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+      cached[device].store(clusters, std::memory_order_relaxed);
+      return clusters;
+    }
+  }
+  return 0;
+}
+
 template <class Gemm>
 LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, cudaStream_t stream) {
   cutlass::Status status = Gemm::can_implement(args);
@@ -107,6 +145,7 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
   ::cutlass_ext::LaunchResult NAME##_run(::cutlass_ext::GemmParams const& p, void* workspace,   \
                                          cudaStream_t stream) {                                 \
     return ::cutlass_ext::launch_gemm<BUNDLE::Gemm>(BUNDLE::make_arguments(p), workspace, stream); \
-  }
+  }                                                                                              \
+  int NAME##_active_clusters() { return ::cutlass_ext::max_active_clusters<BUNDLE::Gemm>(); }
 
 }  // namespace cutlass_ext

@@ -149,6 +149,7 @@ struct GemmBundle {
     }
     args.hw_info.device_id = p.device;
     args.hw_info.sm_count = p.sm_count;
+    args.hw_info.max_active_clusters = p.max_active_clusters;
     args.scheduler.max_swizzle_size = p.swizzle;
     if constexpr (kStreamK) {
       // The binding picks the split count (split_k_factor); CUTLASS's own stream-K heuristic can

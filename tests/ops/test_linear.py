@@ -701,6 +701,29 @@ def test_partial_second_wave_with_a_long_k_takes_stream_k(k):
 
 @requires_cuda
 @requires_sm90_path
+def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds():
+    ext = cutlass_ext.build()
+    wide_name, dp_name = "sm90_bf16_kk_bias_act_128x128_2x2_pp", "sm90_bf16_kk_bias_act_128x128_1x2_pp"
+    built = dict(ext.kernels())
+    if wide_name not in built or dp_name not in built:
+        pytest.skip("the 128x128 ping-pong configs are not in this (selective) build")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    wide_ctas = min(sms, 4 * ext._gemm_active_clusters(wide_name))
+    dp_ctas = min(sms, 2 * ext._gemm_active_clusters(dp_name))
+    assert 0 < wide_ctas <= sms and 0 < dp_ctas <= sms
+    # 1024 rows (8 row tiles) against just over two waves of tiles, then exactly four waves.
+    for n_tiles in (math.ceil((2 * sms + 8) / 8), math.ceil(4 * sms / 8)):
+        tiles = 8 * n_tiles
+        takes_wide = math.ceil(tiles / wide_ctas) <= math.ceil(tiles / dp_ctas)
+        name = heuristic_kernel(1024, 512, 128 * n_tiles)
+        A = rand(1024, 512, device="cuda", dtype=torch.bfloat16)
+        W = rand(128 * n_tiles, 512, device="cuda", dtype=torch.bfloat16)
+        _, forced = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), config="128x128_2x2_pp"))
+        assert (name == forced[0]) == takes_wide, (tiles, wide_ctas, dp_ctas, name)
+
+
+@requires_cuda
+@requires_sm90_path
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
 @pytest.mark.parametrize("layout", ["kn", "weight_t"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
