@@ -12,7 +12,13 @@ namespace cutlass_ext {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kForwardUnroll = 4;      // rows per thread whose loads are in flight together
+// Resident 256-thread blocks per SM the forward asks of the compiler: 8 (full occupancy, at most
+// 32 registers a thread) where the activation is a compare or nothing; the transcendental ones
+// spilled at 32 registers and get 40 (6 blocks).
+constexpr int forward_min_blocks(int act) {
+  return act == int(Activation::kRelu) || act == int(Activation::kNone) ? 8 : 6;
+}
+constexpr int kAddUnroll = 4;          // vectors per thread of add whose loads are in flight together
 constexpr int kBackwardUnroll = 2;     // (the backward already streams 2-3 inputs per row)
 constexpr int kBackwardBlocksPerSm = 4;
 constexpr int kMinRowsPerSplit = 32;
@@ -29,14 +35,14 @@ dim3 column_block(int64_t col_vecs) {
 // bias_act forward
 
 // kN rows r, r + step, ..., of one thread's column chunk: every load is issued before any math.
-template <int kN, int kAct, class T, int kVec>
+template <int kN, int kAct, bool kResidual, class T, int kVec>
 __device__ __forceinline__ void bias_act_rows(BiasActParams const& p, const T* __restrict__ x,
-                                              const T* __restrict__ res, T* __restrict__ y, const float* b,
-                                              int64_t r, int64_t step) {
-  Pack<T, kVec> xv[kN], rv[kN];
+                                              const T* __restrict__ res, T* __restrict__ y,
+                                              Pack<T, kVec> const& bias, int64_t r, int64_t step) {
+  Pack<T, kVec> xv[kN], rv[kResidual ? kN : 1];
 #pragma unroll
   for (int u = 0; u < kN; ++u) xv[u] = load_pack<T, kVec>(x + (r + u * step) * p.x_ld);
-  if (res != nullptr) {
+  if constexpr (kResidual) {
 #pragma unroll
     for (int u = 0; u < kN; ++u) rv[u] = load_pack<T, kVec>(res + (r + u * step) * p.residual_ld);
   }
@@ -45,50 +51,53 @@ __device__ __forceinline__ void bias_act_rows(BiasActParams const& p, const T* _
     Pack<T, kVec> out;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      float z = fmaf(p.scale, float(xv[u].v[i]), b[i]);
-      if (res != nullptr) z += float(rv[u].v[i]);
+      float z = fmaf(p.scale, float(xv[u].v[i]), float(bias.v[i]));
+      if constexpr (kResidual) z += float(rv[u].v[i]);
       out.v[i] = T(act::forward(kAct, z));
     }
     store_pack<T, kVec>(y + (r + u * step) * p.cols, out);
   }
 }
 
-template <class T, int kVec, int kAct>
-__global__ void __launch_bounds__(kThreads) bias_act_forward_kernel(BiasActParams p) {
+// One 16-byte vector (kVec columns of one row) per thread and a grid that covers the matrix,
+// striding over rows only past 65535 row blocks. Measured on an H200 (bench/NOTES.md section 14):
+// a persistent grid whose threads walked their column 4 rows at a time held 65-70 registers (37.5%
+// occupancy) and streamed ~3.3 TB/s, where torch.compile's one-vector-per-thread kernel ran at full
+// occupancy and 4.1 TB/s. (Written as the one-row case of bias_act_rows: the loop written out
+// directly compiled to up to 10 more registers and spilled in the fp32 residual kernels.)
+template <class T, int kVec, int kAct, bool kResidual>
+__global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct)) bias_act_forward_kernel(BiasActParams p) {
   const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
   if (col >= p.cols) return;
   const T* x = static_cast<const T*>(p.x) + col;
-  const T* res = p.residual != nullptr ? static_cast<const T*>(p.residual) + col : nullptr;
+  const T* res = kResidual ? static_cast<const T*>(p.residual) + col : nullptr;
   T* y = static_cast<T*>(p.y) + col;
-  float b[kVec];
+  Pack<T, kVec> bias;
   if (p.bias != nullptr) {
-    const Pack<T, kVec> bv = load_pack<T, kVec>(static_cast<const T*>(p.bias) + col);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) b[i] = float(bv.v[i]);
+    bias = load_pack<T, kVec>(static_cast<const T*>(p.bias) + col);
   } else {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) b[i] = 0.f;
+    for (int i = 0; i < kVec; ++i) bias.v[i] = T(0.f);
   }
-  const int64_t step = int64_t(gridDim.y) * blockDim.y;
-  int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
-  // (Unrolling the 2-byte scalar path further makes ptxas spill for gelu_tanh.)
-  constexpr int kUnroll = kVec == 1 ? 2 : kForwardUnroll;
-  for (; r + (kUnroll - 1) * step < p.rows; r += kUnroll * step) {
-    bias_act_rows<kUnroll, kAct, T, kVec>(p, x, res, y, b, r, step);
+  const int64_t step = blockDim.y;
+  for (int64_t r = int64_t(blockIdx.y) * step + threadIdx.y; r < p.rows; r += int64_t(gridDim.y) * step) {
+    bias_act_rows<1, kAct, kResidual, T, kVec>(p, x, res, y, bias, r, step);
   }
-  for (; r < p.rows; r += step) bias_act_rows<1, kAct, T, kVec>(p, x, res, y, b, r, step);
 }
 
 template <class T, int kVec>
 void launch_bias_act_forward_vec(BiasActParams const& p, cudaStream_t stream) {
   const dim3 block = column_block(p.cols / kVec);
   const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
+  const int64_t row_blocks = std::min<int64_t>(ceil_div(p.rows, block.y), 65535);
+  const dim3 grid{unsigned(col_blocks), unsigned(std::max<int64_t>(row_blocks, 1))};
   dispatch_activation(p.activation, [&](auto kind) {
-    constexpr auto kernel = bias_act_forward_kernel<T, kVec, decltype(kind)::value>;
-    static const int per_sm = std::max(resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0), 1);
-    const int64_t fill = ceil_div(int64_t(per_sm) * std::max(p.sm_count, 1), col_blocks);
-    const int64_t row_blocks = std::max<int64_t>(1, std::min({ceil_div(p.rows, block.y), fill, int64_t(65535)}));
-    kernel<<<dim3{unsigned(col_blocks), unsigned(row_blocks)}, block, 0, stream>>>(p);
+    constexpr int kAct = decltype(kind)::value;
+    if (p.residual != nullptr) {
+      bias_act_forward_kernel<T, kVec, kAct, true><<<grid, block, 0, stream>>>(p);
+    } else {
+      bias_act_forward_kernel<T, kVec, kAct, false><<<grid, block, 0, stream>>>(p);
+    }
   });
 }
 
@@ -253,8 +262,8 @@ __global__ void __launch_bounds__(kThreads) add_kernel(const T* a, const T* b, T
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t v = first;
-  for (; v + (kForwardUnroll - 1) * step < vectors; v += kForwardUnroll * step) {
-    add_vectors<kForwardUnroll, T, kVec>(a, b, out, v, step);
+  for (; v + (kAddUnroll - 1) * step < vectors; v += kAddUnroll * step) {
+    add_vectors<kAddUnroll, T, kVec>(a, b, out, v, step);
   }
   for (; v < vectors; v += step) add_vectors<1, T, kVec>(a, b, out, v, step);
   const int64_t tail = vectors * kVec + first;

@@ -99,6 +99,19 @@ def test_bias_act_shapes(device, dtype_name, case):
     check_bias_act(x, bias, "silu", 1.5, residual, dtype_name)
 
 
+@requires_cuda
+def test_bias_act_rows_past_one_grid():
+    # 256 bf16 columns take blocks of 8 rows; more than 65535 such blocks do not fit a grid's y
+    # dimension, so the kernel strides over rows, and the rows after the first stride must be
+    # written too (y is fresh, unpoisoned memory: an unwritten row would not match).
+    rows = 65535 * 8 + 37
+    x = rand(rows, 256, device="cuda", dtype=torch.bfloat16)
+    bias = rand(256, device="cuda", dtype=torch.bfloat16)
+    y = cutlass_ext.bias_act(x, bias, "relu")
+    for part in (slice(0, 600), slice(65535 * 8 - 300, rows)):
+        assert torch.equal(y[part], torch.relu(x[part].float() + bias.float()).to(torch.bfloat16))
+
+
 def test_bias_act_nan_propagates(device):
     x = rand(32, 64, device=device, dtype=torch.bfloat16)
     x[3, 5] = float("nan")
