@@ -169,8 +169,10 @@ const GemmKernelEntry* wider_cluster_twin(const std::vector<const GemmKernelEntr
     return (tiles + ctas - 1) / ctas;
   };
   for (const GemmKernelEntry* e : kernels) {
+    // (Without a co-resident cluster count for the twin, its grid is not sized to what fits: keep dp.)
     if (e->cluster_size > dp.cluster_size && !e->transposed && !e->stream_k && e->tile_m == dp.tile_m &&
-        e->tile_n == dp.tile_n && rounds(*e) <= rounds(dp)) {
+        e->tile_n == dp.tile_n && e->active_clusters != nullptr && e->active_clusters() > 0 &&
+        rounds(*e) <= rounds(dp)) {
       return e;
     }
   }
