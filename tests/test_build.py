@@ -209,6 +209,28 @@ def test_selective_build_and_kernel_table():
         assert kernel.gemm_arch == (0 if kernel.hand_written else 90 if kernel.family == "sm90" else 80)
 
 
+def test_registry_rows_carry_cluster_size_and_occupancy_query():
+    kernels = _kernel_table.all_kernels()
+    src = _kernel_table.registry_source(kernels)
+    rows = {line.strip().split('"')[1]: line for line in src.splitlines() if line.strip().startswith('{"')}
+    for kernel in kernels:
+        cfg = kernel.config
+        cutlass3 = isinstance(cfg, _kernel_table.GemmConfig)
+        tile = (cfg.tile_m, cfg.tile_n) if cutlass3 else cfg.tile
+        cluster = cfg.cluster_m * cfg.cluster_n if cutlass3 else 1
+        row = rows[kernel.name]
+        assert f'"{cfg.name}", {tile[0]}, {tile[1]}, {cluster}, ' in row, row
+        assert row.rstrip().endswith(f"&generated::{kernel.name}_active_clusters}},"), row
+        assert f"int {kernel.name}_active_clusters();" in src
+    # The heuristic weighs a wider-cluster kernel against the 1x2 ping-pong kernel of the same
+    # dtype, layouts and epilogue, so every one has that counterpart.
+    wide = [k for k in kernels if isinstance(k.config, _kernel_table.GemmConfig)
+            and k.config.cluster_m * k.config.cluster_n > 2]
+    assert wide
+    for kernel in wide:
+        assert kernel.name.replace(kernel.config.name, "128x128_1x2_pp") in rows
+
+
 def _toolchain_available() -> bool:
     try:
         _build.find_cuda_home()
