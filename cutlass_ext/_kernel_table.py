@@ -69,7 +69,7 @@ SM90_16BIT_CONFIGS = (SM90_CONFIGS[0], SM90_CONFIGS[2])
 # plain forward (K-major operands, no aux output, no C).
 #
 # From two waves on, the ping-pong tiles with a 2x2 cluster share both operand tiles between two
-# CTAs (the 1x2 cluster shares only the activation tile), which measured 1.06-1.09x faster on an
+# CTAs (the 1x2 cluster shares only the activation tile), which measured 1.06-1.11x faster on an
 # H200 where its grid needs no more rounds of tiles than the 1x2 cluster's. Fewer 4-CTA clusters
 # than 2-CTA clusters fit the SMs at once (a cluster stays within one GPC), so elsewhere it needs
 # one more round of tiles and is slower (bench/NOTES.md section 13); the binding compares the rounds.

@@ -159,7 +159,7 @@ int64_t active_ctas(const GemmKernelEntry& e, int sms) {
 
 // The data-parallel kernel `dp`, or its twin with the same tile in larger clusters where that
 // twin's co-resident grid takes no more rounds of tiles. A 2x2 cluster shares both operand tiles
-// between two CTAs where `dp`'s 1x2 cluster shares one; on an H200 it ran 1.06-1.09x faster at
+// between two CTAs where `dp`'s 1x2 cluster shares one; on an H200 it ran 1.06-1.11x faster at
 // equal rounds, and up to 1.6x slower with one more round (bench/NOTES.md section 13).
 const GemmKernelEntry* wider_cluster_twin(const std::vector<const GemmKernelEntry*>& kernels,
                                           const GemmKernelEntry& dp, int64_t M, int64_t N, int64_t L, int sms) {
