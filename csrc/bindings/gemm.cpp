@@ -151,30 +151,30 @@ bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") ==
 // Whether a kernel can run a product of depth K.
 bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
 
-// CTAs of a kernel that run at once: its co-resident clusters' CTAs, at most one per SM.
-int64_t active_ctas(const GemmKernelEntry& e, int sms) {
-  const int clusters = e.active_clusters != nullptr ? e.active_clusters() : 0;
-  return clusters > 0 ? std::min<int64_t>(sms, int64_t(clusters) * e.cluster_size) : sms;
-}
+// Clusters of a kernel that fit on the current device at once; 0 when it does not run in
+// clusters or the count is unknown.
+int co_resident_clusters(const GemmKernelEntry& e) { return e.active_clusters != nullptr ? e.active_clusters() : 0; }
 
-// The data-parallel kernel `dp`, or its twin with the same tile in larger clusters where that
-// twin's co-resident grid takes no more rounds of tiles. A 2x2 cluster shares both operand tiles
-// between two CTAs where `dp`'s 1x2 cluster shares one; on an H200 it ran 1.06-1.11x faster at
-// equal rounds, and up to 1.6x slower with one more round (bench/NOTES.md section 13).
+// The data-parallel kernel `dp` (`tiles` output tiles), or its twin with the same tile in larger
+// clusters where that twin's co-resident grid takes no more rounds of tiles. A 2x2 cluster shares
+// both operand tiles between two CTAs where `dp`'s 1x2 cluster shares one; on an H200 it ran
+// 1.06-1.11x faster at equal rounds, and up to 1.6x slower with one more round (bench/NOTES.md
+// section 13). A twin whose co-resident cluster count is unknown is not taken: its grid would
+// not be sized to what fits.
 const GemmKernelEntry* wider_cluster_twin(const std::vector<const GemmKernelEntry*>& kernels,
-                                          const GemmKernelEntry& dp, int64_t M, int64_t N, int64_t L, int sms) {
-  const int64_t tiles = output_tiles(dp, M, N, L);
-  auto rounds = [&](const GemmKernelEntry& e) {
-    const int64_t ctas = active_ctas(e, sms);
+                                          const GemmKernelEntry& dp, int64_t tiles, int sms) {
+  // Rounds of tiles per CTA when `clusters` clusters of `e` run at once (at most one CTA per SM).
+  auto rounds = [&](const GemmKernelEntry& e, int clusters) {
+    const int64_t ctas = clusters > 0 ? std::min<int64_t>(sms, int64_t(clusters) * e.cluster_size) : sms;
     return (tiles + ctas - 1) / ctas;
   };
   for (const GemmKernelEntry* e : kernels) {
-    // (Without a co-resident cluster count for the twin, its grid is not sized to what fits: keep dp.)
-    if (e->cluster_size > dp.cluster_size && !e->transposed && !e->stream_k && e->tile_m == dp.tile_m &&
-        e->tile_n == dp.tile_n && e->active_clusters != nullptr && e->active_clusters() > 0 &&
-        rounds(*e) <= rounds(dp)) {
-      return e;
+    if (e->cluster_size <= dp.cluster_size || e->transposed || e->stream_k || e->tile_m != dp.tile_m ||
+        e->tile_n != dp.tile_n) {
+      continue;
     }
+    const int clusters = co_resident_clusters(*e);
+    if (clusters > 0 && rounds(*e, clusters) <= rounds(dp, co_resident_clusters(dp))) return e;
   }
   return &dp;
 }
@@ -230,6 +230,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
     if (slot == nullptr) slot = e;
   }
+  const int64_t dp_tiles = best_dp != nullptr ? output_tiles(*best_dp, M, N, L) : 0;
   // Between one and two waves of the preferred tiles with the second wave under half full and a
   // long K, the stream-K config with the same tile spreads the last wave's K loops over every SM
   // (split_k_factor returns 0 there: CUTLASS's stream-K decomposition). Measured on an H200
@@ -237,9 +238,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // data-parallel config, 768 x 8192 -> 4096 87.0 against 94.6; at K = 4096 the fix-up of the
   // split tiles cost more than the balance gained (768 x 4096 x 4096: 55.4 against 49.4).
   if (best_dp != nullptr && best_sk != nullptr && !only_transposed && !with_extk_twin && K >= kStreamKMinK &&
-      best_sk->tile_m == best_dp->tile_m && best_sk->tile_n == best_dp->tile_n) {
-    const int64_t tiles = output_tiles(*best_dp, M, N, L);
-    if (tiles > sms && tiles < 2 * int64_t(sms) && 2 * (tiles - sms) < sms) return best_sk;
+      best_sk->tile_m == best_dp->tile_m && best_sk->tile_n == best_dp->tile_n && dp_tiles > sms &&
+      dp_tiles < 2 * int64_t(sms) && 2 * (dp_tiles - sms) < sms) {
+    return best_sk;
   }
   // Between half a wave and two waves of the preferred tiles (M = 512-1024 against 4096-wide
   // weights), the forward has two more kernels: the cooperative config, whose CTAs keep both math
@@ -250,7 +251,6 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // at 768 x 4096 x 4096 a 128x128 grid leaves its second wave 45% full and the 64x128 tiles
   // ran 1.05-1.19x faster.
   if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin) {
-    const int64_t dp_tiles = output_tiles(*best_dp, M, N, L);
     const GemmKernelEntry* coop = nullptr;
     const GemmKernelEntry* narrow = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
@@ -270,8 +270,8 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
   // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K
   // tiles ran 2048^2 x 2048 4.6x slower than cuBLAS).
-  if (best_dp != nullptr && (output_tiles(*best_dp, M, N, L) >= sms || best_sk == nullptr || only_transposed)) {
-    return with_extk_twin || only_transposed ? best_dp : wider_cluster_twin(cutlass, *best_dp, M, N, L, sms);
+  if (best_dp != nullptr && (dp_tiles >= sms || best_sk == nullptr || only_transposed)) {
+    return with_extk_twin || only_transposed ? best_dp : wider_cluster_twin(cutlass, *best_dp, dp_tiles, sms);
   }
   return best_sk;
 }
@@ -580,7 +580,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     q.b_stride_k = second.stride_k;
     q.b_stride_l = second.stride_l;
     if (e.stream_k) q.splits = split_k_factor(e, M, Np, Kp, L, q.sm_count, a.element_size());
-    q.max_active_clusters = e.active_clusters != nullptr ? e.active_clusters() : 0;
+    q.max_active_clusters = co_resident_clusters(e);
     return q;
   };
   auto launch = [&](const GemmKernelEntry& e, const GemmParams& q) {

@@ -42,6 +42,25 @@ cudaError_t raise_smem_limit_once() {
   }
 }
 
+// The launch configuration of Kernel on `grid` in its clusters; `attribute`, which the returned
+// configuration points to, receives the cluster shape.
+template <class Kernel>
+cudaLaunchConfig_t cluster_launch_config(dim3 grid, cudaStream_t stream, cudaLaunchAttribute& attribute) {
+  using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cute::size<0>(Cluster{});
+  attribute.val.clusterDim.y = cute::size<1>(Cluster{});
+  attribute.val.clusterDim.z = cute::size<2>(Cluster{});
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = Kernel::get_block_shape();
+  config.dynamicSmemBytes = Kernel::SharedStorageSize;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 }  // namespace detail
 
 // Clusters of the kernel that fit on the current device at once, or 0 for a kernel that does not
@@ -59,17 +78,9 @@ int max_active_clusters() {
       int clusters = cached[device].load(std::memory_order_relaxed);
       if (clusters > 0) return clusters;
       if (detail::raise_smem_limit_once<Kernel>() != cudaSuccess) return 0;
-      cudaLaunchAttribute attribute[1];
-      attribute[0].id = cudaLaunchAttributeClusterDimension;
-      attribute[0].val.clusterDim.x = cute::size<0>(Cluster{});
-      attribute[0].val.clusterDim.y = cute::size<1>(Cluster{});
-      attribute[0].val.clusterDim.z = cute::size<2>(Cluster{});
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
-      config.blockDim = Kernel::get_block_shape();
-      config.dynamicSmemBytes = Kernel::SharedStorageSize;
-      config.attrs = attribute;
-      config.numAttrs = 1;
+      cudaLaunchAttribute attribute;
+      const dim3 one_cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
+      const cudaLaunchConfig_t config = detail::cluster_launch_config<Kernel>(one_cluster, nullptr, attribute);
       if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>),
                                          &config) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -103,22 +114,12 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
       // on the host (measured on an H200 machine; the launch itself ~5.7 us).
       static_assert(cute::size(Cluster{}) <= 8, "clusters of more than 8 CTAs need the non-portable attribute");
       const dim3 grid = Kernel::get_grid_shape(params);
-      cudaLaunchAttribute attribute[1];
-      attribute[0].id = cudaLaunchAttributeClusterDimension;
-      attribute[0].val.clusterDim.x = cute::size<0>(Cluster{});
-      attribute[0].val.clusterDim.y = cute::size<1>(Cluster{});
-      attribute[0].val.clusterDim.z = cute::size<2>(Cluster{});
-      if (grid.x % attribute[0].val.clusterDim.x != 0 || grid.y % attribute[0].val.clusterDim.y != 0 ||
-          grid.z % attribute[0].val.clusterDim.z != 0) {
+      cudaLaunchAttribute attribute;
+      const cudaLaunchConfig_t config = detail::cluster_launch_config<Kernel>(grid, stream, attribute);
+      if (grid.x % attribute.val.clusterDim.x != 0 || grid.y % attribute.val.clusterDim.y != 0 ||
+          grid.z % attribute.val.clusterDim.z != 0) {
         return {"run", "grid is not a multiple of the cluster shape"};
       }
-      cudaLaunchConfig_t config{};
-      config.gridDim = grid;
-      config.blockDim = Kernel::get_block_shape();
-      config.dynamicSmemBytes = Kernel::SharedStorageSize;
-      config.stream = stream;
-      config.attrs = attribute;
-      config.numAttrs = 1;
       void* kernel_params[] = {&params};
       const cudaError_t launched =
           cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>), kernel_params);
