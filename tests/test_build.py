@@ -240,8 +240,8 @@ def _toolchain_available() -> bool:
     return shutil.which("c++") is not None
 
 
-# Run in the built library's process (CUTLASS_EXT_CPU_AUTOGRAD=1): the C++ autograd nodes of
-# softmax, layer_norm, bias_act, lora_linear and linear (which serve CUDA tensors) run here on CPU tensors,
+# Run in the built library's process (CUTLASS_EXT_CPU_AUTOGRAD=1): the C++ autograd nodes of softmax,
+# layer_norm, bias_act, sum, add, lora_linear and linear (which serve CUDA tensors) run here on CPU tensors,
 # with the reference kernels, against the same math written with torch ops in float64. Optional
 # inputs are left out in some calls: an absent one shifts the autograd edges of those after it.
 CPU_AUTOGRAD_CHECK = """
@@ -279,6 +279,10 @@ for bias in (lb, None):
 for bias, act in ((lb, "gelu"), (None, "relu")):
     check("linear", lambda x, W, b: cutlass_ext.linear(x, W.t(), b, activation=act),
           lambda x, W, b: _activation.apply(F.linear(x, W, b), act), [x, W, bias])
+x3 = torch.randn(3, 4, 5)
+for dim, keepdim in ((0, False), ([-1, 0], False), ([2, 1], True)):
+    check("sum", lambda x: cutlass_ext.sum(x, dim, keepdim=keepdim), lambda x: x.sum(dim, keepdim=keepdim), [x3])
+check("add", lambda a, b: cutlass_ext.add(a, b), lambda a, b: a + b, [x, res])
 print("C++ autograd on CPU: ok")
 """
 

@@ -1,4 +1,4 @@
-// Autograd of linear, lora_linear, softmax, layer_norm and bias_act for CUDA tensors, in C++. The
+// Autograd of linear, lora_linear, softmax, layer_norm, bias_act, sum and add for CUDA tensors, in C++. The
 // Python autograd of these ops (register_autograd in cutlass_ext/ops/) costs ~40 us of host time
 // per call, and its backward takes the GIL on autograd's device thread, which cost more than the
 // kernels on small layers; these nodes do the same work without the interpreter. Each mirrors
@@ -9,8 +9,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "bindings/common.h"
 #include "common/activation.h"
@@ -233,6 +235,58 @@ at::Tensor bias_act_autograd(const at::Tensor& x, const OptTensor& bias, c10::st
 }
 
 // ---------------------------------------------------------------------------------------------
+// sum: the gradient is grad broadcast back over the reduced dimensions (a view, no kernel).
+
+class SumAutograd : public torch::autograd::Function<SumAutograd> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, std::vector<int64_t> dim, bool keepdim) {
+    static const auto op = op_handle<at::Tensor(const at::Tensor&, at::IntArrayRef, bool)>("cutlass_ext::sum");
+    at::Tensor y;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      y = op.call(x, dim, keepdim);
+    }
+    // The op has checked the dims; wrap them so that the backward can unsqueeze in order.
+    for (auto& d : dim) d = d < 0 ? d + x.dim() : d;
+    std::sort(dim.begin(), dim.end());
+    ctx->saved_data["shape"] = x.sizes().vec();
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["keepdim"] = keepdim;
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor g = grads[0];
+    if (!ctx->saved_data["keepdim"].toBool()) {
+      for (int64_t d : ctx->saved_data["dim"].toIntVector()) g = g.unsqueeze(d);  // ascending
+    }
+    return {g.expand(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor sum_autograd(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
+  return SumAutograd::apply(x, dim.vec(), keepdim)[0];
+}
+
+// ---------------------------------------------------------------------------------------------
+// add: both gradients are grad itself.
+
+class AddAutograd : public torch::autograd::Function<AddAutograd> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&)>("cutlass_ext::add");
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return {op.call(a, b)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {ctx->needs_input_grad(0) ? grads[0] : at::Tensor(), ctx->needs_input_grad(1) ? grads[0] : at::Tensor()};
+  }
+};
+
+at::Tensor add_autograd(const at::Tensor& a, const at::Tensor& b) { return AddAutograd::apply(a, b)[0]; }
+
+// ---------------------------------------------------------------------------------------------
 // lora_linear: t (the low-rank activations) and the pre-activation are outputs without a gradient.
 
 class LoraLinearAutograd : public torch::autograd::Function<LoraLinearAutograd> {
@@ -310,6 +364,8 @@ void register_nodes(torch::Library& m) {
   m.impl("softmax", &softmax_autograd);
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("bias_act", &bias_act_autograd);
+  m.impl("sum", &sum_autograd);
+  m.impl("add", &add_autograd);
 }
 
 }  // namespace
