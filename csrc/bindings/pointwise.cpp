@@ -253,7 +253,7 @@ at::Tensor sum_cuda(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
   p.dtype = dt;
   p.input = src.data_ptr();
   p.output = out.data_ptr();
-  p.splits = sum_splits(p.outer, p.reduce, p.inner, dt, sm_count(x.device().index()));
+  plan_sum(p, sm_count(x.device().index()));
   at::Tensor partials;
   if (p.splits > 1) {
     partials = at::empty({p.outer * p.splits * p.inner}, x.options().dtype(at::kFloat));

@@ -14,6 +14,15 @@ constexpr int kUnroll = 4;                // loads per thread in flight together
 constexpr int kMaxGroupVectors = 256;     // rows up to this many vectors: a group of lanes per row
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
+constexpr int kColumnUnroll = 8;          // rows per thread in flight together in column reductions
+constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
+constexpr int kSplitColumnThreads = 8;    // the same where the rows are split: 128 bytes
+
+int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
 
 
 
@@ -23,13 +32,6 @@ __device__ __forceinline__ float pack_sum(Pack<T, kVec> const& v) {
 #pragma unroll
   for (int i = 0; i < kVec; ++i) s += float(v.v[i]);
   return s;
-}
-
-// Threads across inner elements (each owns kVec of them) and across reduce rows, for 256 threads.
-dim3 column_block(int64_t inner_vecs) {
-  int tx = 1;
-  while (tx < 32 && tx < inner_vecs) tx *= 2;
-  return dim3(unsigned(tx), unsigned(kThreads / tx));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -116,57 +118,84 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
 
 // ------------------------------------------------------------------------------------------------
 // Column reductions (inner > 1): block (x = outer index * col_blocks + column block, y = split)
-// sums rows [split * rows_per_split, ...) of its column chunk; thread rows add in a fixed order.
+// sums rows [split * rows_per_split, ...) of its column chunk (blockDim.x threads of kVec adjacent
+// elements each); thread rows add in a fixed order, then the block's rows in a fixed order.
+
+// Adds the block's thread rows: sums[y * width + c] for y = 0 .. ty-1, column c < width, using all
+// threads (lanes y = l, l + lanes, ... first, then the lanes in order). Thread c < width returns
+// its column's total; `scratch` holds kThreads floats.
+__device__ __forceinline__ float add_thread_rows(const float* sums, float* scratch, int width, int ty) {
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lanes = kThreads / width;  // width is a power of two <= kThreads
+  const int c = t % width, l = t / width;
+  float s = 0.f;
+  for (int y = l; y < ty; y += lanes) s += sums[y * width + c];
+  if (lanes == 1) return s;
+  scratch[l * width + c] = s;
+  __syncthreads();
+  float total = 0.f;
+  if (t < width) {
+    for (int k = 0; k < lanes; ++k) total += scratch[k * width + t];
+  }
+  return total;
+}
 
 template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads) sum_columns_kernel(SumParams p, int64_t col_blocks, int64_t rows_per_split) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(SumParams p, int64_t col_blocks,
+                                                                          int64_t rows_per_split) {
   __shared__ float sums[kThreads * kVec];
+  __shared__ float scratch[kThreads];
   const int tx = blockDim.x, ty = blockDim.y;
   const int64_t o = blockIdx.x / col_blocks;
-  const int64_t col = ((blockIdx.x % col_blocks) * tx + threadIdx.x) * kVec;
+  const int64_t col0 = (blockIdx.x % col_blocks) * tx * kVec;
+  const int64_t col = col0 + threadIdx.x * kVec;
+  const int64_t row0 = int64_t(blockIdx.y) * rows_per_split + threadIdx.y;
   const int64_t row_end = min(p.reduce, (int64_t(blockIdx.y) + 1) * rows_per_split);
   float acc[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
-  if (col < p.inner) {
-    const T* in = static_cast<const T*>(p.input) + o * p.outer_stride + col;
-    int64_t r = int64_t(blockIdx.y) * rows_per_split + threadIdx.y;
-    for (; r + (kUnroll - 1) * ty < row_end; r += kUnroll * ty) {
-      Pack<T, kVec> x[kUnroll];
+  if (col < p.inner && row0 < row_end) {
+    // A pointer walk: 64-bit row arithmetic per load would cost registers that the launch bounds lack.
+    const int64_t step = int64_t(ty) * p.reduce_stride;
+    const T* in = static_cast<const T*>(p.input) + o * p.outer_stride + row0 * p.reduce_stride + col;
+    int64_t n = (row_end - row0 + ty - 1) / ty;
+    for (; n >= kColumnUnroll; n -= kColumnUnroll) {
+      Pack<T, kVec> x[kColumnUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) x[u] = load_pack<T, kVec>(in + (r + u * ty) * p.reduce_stride);
+      for (int u = 0; u < kColumnUnroll; ++u) x[u] = load_pack<T, kVec>(in + u * step);
+      in += kColumnUnroll * step;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kColumnUnroll; ++u) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) acc[i] += float(x[u].v[i]);
       }
     }
-    for (; r < row_end; r += ty) {
-      const Pack<T, kVec> x = load_pack<T, kVec>(in + r * p.reduce_stride);
+    for (; n > 0; --n, in += step) {
+      const Pack<T, kVec> x = load_pack<T, kVec>(in);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[i] += float(x.v[i]);
     }
   }
+  const int width = tx * kVec;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) sums[(threadIdx.y * kVec + i) * tx + threadIdx.x] = acc[i];
+  for (int i = 0; i < kVec; ++i) sums[threadIdx.y * width + threadIdx.x * kVec + i] = acc[i];
   __syncthreads();
-  if (threadIdx.y != 0 || col >= p.inner) return;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    float total = 0.f;
-    for (int y = 0; y < ty; ++y) total += sums[(y * kVec + i) * tx + threadIdx.x];
-    if (p.splits == 1) {
-      static_cast<T*>(p.output)[o * p.inner + col + i] = T(total);
-    } else {
-      p.partials[(o * p.splits + blockIdx.y) * p.inner + col + i] = total;
-    }
+  const float total = add_thread_rows(sums, scratch, width, ty);
+  const int t = threadIdx.y * tx + threadIdx.x;
+  if (t >= width || col0 + t >= p.inner) return;
+  if (p.splits == 1) {
+    static_cast<T*>(p.output)[o * p.inner + col0 + t] = T(total);
+  } else {
+    p.partials[(o * p.splits + blockIdx.y) * p.inner + col0 + t] = total;
   }
 }
 
 template <class T, int kVec>
-void launch_columns(SumParams const& p, cudaStream_t stream) {
-  const dim3 block = column_block(p.inner / kVec);
-  const int64_t col_blocks = ceil_div(p.inner / kVec, block.x);
+void launch_columns(SumParams const& p, int col_threads, cudaStream_t stream) {
+  const int64_t inner_vecs = ceil_div(p.inner, kVec);
+  const int tx = int(std::min<int64_t>(col_threads, pow2_at_least(inner_vecs)));
+  const dim3 block{unsigned(tx), unsigned(kThreads / tx)};
+  const int64_t col_blocks = ceil_div(inner_vecs, tx);
   const int64_t rows_per_split = ceil_div(p.reduce, p.splits);
   const dim3 grid{unsigned(col_blocks * p.outer), unsigned(p.splits)};
   sum_columns_kernel<T, kVec><<<grid, block, 0, stream>>>(p, col_blocks, rows_per_split);
@@ -181,14 +210,17 @@ struct SumFn {
       if (aligned) return launch_rows<T, kVec>(p, stream);
       return launch_rows<T, 1>(p, stream);
     }
-    if (aligned && p.inner % kVec == 0 && p.reduce_stride % kVec == 0) return launch_columns<T, kVec>(p, stream);
-    launch_columns<T, 1>(p, stream);
+    if (aligned && p.inner % kVec == 0 && p.reduce_stride % kVec == 0) {
+      return launch_columns<T, kVec>(p, p.col_threads, stream);
+    }
+    launch_columns<T, 1>(p, kMaxColumnThreads, stream);  // one element a thread: keep warps' rows wide
   }
 };
 
 // ------------------------------------------------------------------------------------------------
-// Second stage: block (tx inner elements, ty split lanes); lane y adds splits y, y + ty, ... in
-// order, then thread row 0 adds the lanes in order.
+// Second stage. Vector form (inner a multiple of 4): block (q float4 columns, kThreads / q split
+// lanes); lane l adds splits l, l + lanes, ... in order, then the lanes are added in order.
+// Scalar form otherwise: block (tx inner elements, ty split lanes), the same order.
 
 struct PartialsParams {
   const float* partials;
@@ -197,6 +229,41 @@ struct PartialsParams {
   DType dtype;
   void* out;
 };
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsParams p, int64_t col_blocks) {
+  __shared__ float sums[kThreads * 4];
+  __shared__ float scratch[kThreads];
+  const int q = blockDim.x, lanes = blockDim.y;
+  const int64_t o = blockIdx.x / col_blocks;
+  const int64_t col0 = (blockIdx.x % col_blocks) * q * 4;
+  const int64_t col = col0 + threadIdx.x * 4;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (col < p.inner) {
+    const float* src = p.partials + o * p.splits * p.inner + col;
+    int s = threadIdx.y;
+    for (; s + 3 * lanes < p.splits; s += 4 * lanes) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(src + int64_t(s + u * lanes) * p.inner);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        acc.x += v[u].x; acc.y += v[u].y; acc.z += v[u].z; acc.w += v[u].w;
+      }
+    }
+    for (; s < p.splits; s += lanes) {
+      const float4 v = *reinterpret_cast<const float4*>(src + int64_t(s) * p.inner);
+      acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+    }
+  }
+  const int width = q * 4;
+  float* row = sums + threadIdx.y * width + threadIdx.x * 4;
+  row[0] = acc.x; row[1] = acc.y; row[2] = acc.z; row[3] = acc.w;
+  __syncthreads();
+  const float total = add_thread_rows(sums, scratch, width, lanes);
+  const int t = threadIdx.y * q + threadIdx.x;
+  if (t < width && col0 + t < p.inner) static_cast<T*>(p.out)[o * p.inner + col0 + t] = T(total);
+}
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) sum_partials_kernel(PartialsParams p, int64_t col_blocks) {
@@ -221,31 +288,49 @@ __global__ void __launch_bounds__(kThreads) sum_partials_kernel(PartialsParams p
 template <class T>
 struct PartialsFn {
   void operator()(PartialsParams const& p, cudaStream_t stream) const {
-    const dim3 block = column_block(p.inner);
-    const int64_t col_blocks = ceil_div(p.inner, block.x);
-    sum_partials_kernel<T><<<unsigned(col_blocks * p.outer), block, 0, stream>>>(p, col_blocks);
+    if (p.inner % 4 == 0 && aligned16(p.partials)) {
+      // 16 float4 columns (64 floats, 256 bytes of each split's row) a block, 16 split lanes.
+      const int q = int(std::min<int64_t>(16, pow2_at_least(p.inner / 4)));
+      const int64_t col_blocks = ceil_div(p.inner / 4, q);
+      sum_partials_vec_kernel<T><<<unsigned(col_blocks * p.outer), dim3(unsigned(q), unsigned(kThreads / q)), 0,
+                                   stream>>>(p, col_blocks);
+      return;
+    }
+    int tx = 1;
+    while (tx < 32 && tx < p.inner) tx *= 2;
+    const int64_t col_blocks = ceil_div(p.inner, tx);
+    sum_partials_kernel<T><<<unsigned(col_blocks * p.outer), dim3(unsigned(tx), unsigned(kThreads / tx)), 0, stream>>>(
+        p, col_blocks);
   }
 };
 
 }  // namespace
 
-int sum_splits(int64_t outer, int64_t reduce, int64_t inner, DType dtype, int sm_count) {
-  const int64_t vec = dtype == DType::kF32 ? 4 : 8;
+void plan_sum(SumParams& p, int sm_count) {
+  const int64_t vec = p.dtype == DType::kF32 ? 4 : 8;
   const int64_t target = int64_t(kBlocksPerSm) * std::max(sm_count, 1);
   int64_t splits = 1;
-  if (inner == 1) {
-    const int64_t vectors = reduce / vec;
-    if (vectors > kMaxGroupVectors && outer < target) {
-      splits = std::min(ceil_div(target, outer), vectors / kMinChunkVectors);
+  p.col_threads = kMaxColumnThreads;
+  if (p.inner == 1) {
+    const int64_t vectors = p.reduce / vec;
+    if (vectors > kMaxGroupVectors && p.outer < target) {
+      splits = std::min(ceil_div(target, p.outer), vectors / kMinChunkVectors);
     }
   } else {
-    const dim3 block = column_block(ceil_div(inner, vec));
-    const int64_t blocks = ceil_div(ceil_div(inner, vec), block.x) * outer;
-    if (blocks < target) {
-      splits = std::min(ceil_div(target, blocks), reduce / (int64_t(block.y) * kMinRowsPerThread));
+    // Wide chunks (32 threads of 16 bytes) where they alone fill the GPU. Otherwise narrow ones
+    // (8 threads: 128 bytes of a row), whose blocks split the rows: more column blocks leave fewer
+    // splits to add in the second stage. The grid stays within one wave of resident blocks; a
+    // partial second wave of blocks cost 7% at 32768 x 4096.
+    const int64_t inner_vecs = ceil_div(p.inner, vec);
+    const int64_t wide = std::min<int64_t>(kMaxColumnThreads, pow2_at_least(inner_vecs));
+    if (ceil_div(inner_vecs, wide) * p.outer < target) {
+      p.col_threads = int(std::min<int64_t>(kSplitColumnThreads, pow2_at_least(inner_vecs)));
+      const int64_t blocks = ceil_div(inner_vecs, p.col_threads) * p.outer;
+      const int64_t rows = kThreads / p.col_threads;
+      splits = std::min(target / blocks, p.reduce / (rows * kMinRowsPerThread));
     }
   }
-  return int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
+  p.splits = int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {

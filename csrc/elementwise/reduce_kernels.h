@@ -8,7 +8,7 @@
 //   inner  > 1: column reduction (threads own adjacent inner elements, so loads are coalesced
 //               along inner; the reduce extent is split across blocks when outer * inner is small).
 // Split reductions write fp32 partials[outer, splits, inner] and a second kernel adds the splits
-// in ascending order, so results are deterministic (no atomics).
+// in a fixed order, so results are deterministic (no atomics).
 #pragma once
 
 #include <cstdint>
@@ -27,18 +27,20 @@ struct SumParams {
   const void* input = nullptr;
   void* output = nullptr;     // [outer, inner], contiguous
   float* partials = nullptr;  // [outer, splits, inner] fp32 workspace, needed when splits > 1
-  int splits = 1;             // from sum_splits()
+  int splits = 1;             // from plan_sum()
+  int col_threads = 32;       // from plan_sum(): threads across a column chunk (inner > 1)
 };
 
-// How many blocks share one reduction (1: no workspace, no second stage) so that the grid fills
-// `sm_count` multiprocessors. The workspace holds outer * splits * inner floats.
-int sum_splits(int64_t outer, int64_t reduce, int64_t inner, DType dtype, int sm_count);
+// Sets p.splits, how many blocks share one reduction (1: no workspace, no second stage) so that
+// the grid fills `sm_count` multiprocessors, and p.col_threads, from p's shape and dtype. The
+// workspace holds outer * splits * inner floats.
+void plan_sum(SumParams& p, int sm_count);
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream);
 
 // Second stage of every split column/row reduction (also used by the bias-gradient of
 // bias_act's backward): out[o, i] = sum over s = 0, 1, ..., splits-1 of partials[o, s, i],
-// added in that order. `out` is contiguous [outer, inner] of `dtype`.
+// added in a fixed order. `out` is contiguous [outer, inner] of `dtype`.
 LaunchResult sum_partials(const float* partials, int64_t outer, int splits, int64_t inner, DType dtype,
                           void* out, cudaStream_t stream);
 

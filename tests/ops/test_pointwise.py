@@ -240,6 +240,11 @@ SUM_CASES = {
     "col_7": (lambda d, t: rand(300, 7, device=d, dtype=t), 0),
     "col_4097": (lambda d, t: rand(33, 4097, device=d, dtype=t), 0),
     "tall_columns": (lambda d, t: rand(20000, 24, device=d, dtype=t), 0),
+    # split column sums: several outer indices, a partial last column chunk (200 and 72 columns)
+    "split_columns_batched": (lambda d, t: rand(4, 5000, 200, device=d, dtype=t), 1),
+    "split_columns_tail": (lambda d, t: rand(30000, 72, device=d, dtype=t), 0),
+    # enough 512-byte column chunks to fill the GPU without splitting the rows
+    "wide_columns": (lambda d, t: rand(40, 140000, device=d, dtype=t), 0),
     "middle": (lambda d, t: rand(6, 500, 10, device=d, dtype=t), 1),
     "zero_rows_reduced": (lambda d, t: rand(0, 16, device=d, dtype=t), 0),
     "zero_rows_kept": (lambda d, t: rand(0, 16, device=d, dtype=t), 1),
