@@ -153,8 +153,10 @@ def test_build_tree(tmp_path):
         unit = kernel.translation_unit
         # Relative to the build directory, so that a copied build tree keeps its objects.
         assert f"build obj/{unit}.o: nvcc gen/{unit}.cu\n" in ninja
-    # One file per CUTLASS instantiation; the hand-written kernels of a family and dtype share one.
-    assert units == {k.name for k in config.kernels if not k.hand_written} | {"lowk_bf16"}
+    # One file per CUTLASS instantiation (a CUTLASS 3.x one shared with its fp16 twin, not built
+    # here); the hand-written kernels of a family and dtype share one.
+    assert units == {k.name.replace("sm90_bf16_", "sm90_16bit_") for k in config.kernels if not k.hand_written} | {
+        "lowk_bf16"}
     assert sorted(p.stem for p in (tmp_path / "gen").glob("*.cu")) == sorted(units)
     static = _build.static_sources()
     assert "bindings/gemm.cpp" in static and "elementwise/activation_kernels.cu" in static
@@ -191,6 +193,25 @@ def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
     # A build for both targets compiles CUTLASS 2.x kernels for each.
     both = _kernel_table.select_kernels("sm80_fp16_kk", ("90a", "80"))
     assert both[0].gencodes(("90a", "80")) == ["-gencode=arch=compute_80,code=sm_90", "-gencode=arch=compute_80,code=sm_80"]
+
+
+def test_sm90_16bit_twins_share_a_unit():
+    """The bf16 and fp16 versions of a CUTLASS 3.x config compile in one unit; tf32 and the other
+    families keep their own, and a selective build of one dtype writes only that dtype's kernel."""
+    units = _kernel_table.translation_units(_kernel_table.all_kernels())
+    for name, group in units.items():
+        families = {k.family for k in group}
+        assert len(families) == 1
+        if name.startswith("sm90_16bit_"):
+            assert sorted(k.dtype for k in group) == ["bf16", "fp16"]
+            assert len({k.name.replace(f"_{k.dtype}_", "_") for k in group}) == 1
+        elif not group[0].hand_written:
+            assert [k.name for k in group] == [name]
+    assert len(units) < len(_kernel_table.all_kernels())
+    one = _kernel_table.translation_units(_kernel_table.select_kernels("sm90_fp16_kk_bias_act_128x128_1x2_pp"))
+    assert list(one) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp"]
+    source = _kernel_table.unit_source(one["sm90_16bit_kk_bias_act_128x128_1x2_pp"])
+    assert "sm90_fp16_kk_bias_act_128x128_1x2_pp," in source and "sm90_bf16_" not in source
 
 
 def test_selective_build_and_kernel_table():
