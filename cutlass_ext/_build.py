@@ -340,10 +340,11 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         else:
             rules.append(f"build {obj}: cxx {src}\n")
         objects.append(obj)
-    # Then the generated units in the kernel table's order, which lists the longest first: a
-    # CUTLASS 3.x unit took 40-52 s on an H200 machine, a CUTLASS 2.x one 20-25 s, SIMT 16 s and a
-    # hand-written GEMM unit 7 s (a replay of that build's ninja log on 16 cores: 217 s in this
-    # order, 239 s with the CUTLASS 3.x units last).
+    # Then the generated units in the kernel table's order, which lists the longest first: on an
+    # H200 machine a CUTLASS 3.x unit took 54-77 s for a bf16/fp16 pair and 47-67 s for tf32, a
+    # CUTLASS 2.x one 26-32 s, SIMT 20-22 s and a hand-written GEMM unit 8-11 s (an earlier
+    # build's ninja log replayed on 16 cores: 217 s in this order, 239 s with the CUTLASS 3.x
+    # units last).
     for name, group in _kernel_table.translation_units(list(config.kernels)).items():
         src = gen_dir / f"{name}.cu"
         write_if_changed(src, _kernel_table.unit_source(group))
