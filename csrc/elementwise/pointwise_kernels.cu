@@ -26,8 +26,7 @@ constexpr int kMinRowsPerSplit = 32;
 // Threads of a 256-thread block across columns (each owns kVec adjacent columns); the rest of the
 // block spans rows. Narrow matrices get fewer column threads, so no warp idles on short rows.
 dim3 column_block(int64_t col_vecs) {
-  int tx = 1;
-  while (tx < 32 && tx < col_vecs) tx *= 2;
+  const int tx = int(std::min<int64_t>(32, pow2_at_least(col_vecs)));
   return dim3(unsigned(tx), unsigned(kThreads / tx));
 }
 

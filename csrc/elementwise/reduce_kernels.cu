@@ -18,12 +18,6 @@ constexpr int kColumnUnroll = 8;          // rows per thread in flight together 
 constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
 constexpr int kSplitColumnThreads = 8;    // the same where the rows are split: 128 bytes
 
-int64_t pow2_at_least(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
-
 
 
 template <class T, int kVec>
@@ -296,8 +290,7 @@ struct PartialsFn {
                                    stream>>>(p, col_blocks);
       return;
     }
-    int tx = 1;
-    while (tx < 32 && tx < p.inner) tx *= 2;
+    const int tx = int(std::min<int64_t>(32, pow2_at_least(p.inner)));
     const int64_t col_blocks = ceil_div(p.inner, tx);
     sum_partials_kernel<T><<<unsigned(col_blocks * p.outer), dim3(unsigned(tx), unsigned(kThreads / tx)), 0, stream>>>(
         p, col_blocks);
