@@ -304,6 +304,22 @@ x3 = torch.randn(3, 4, 5)
 for dim, keepdim in ((0, False), ([-1, 0], False), ([2, 1], True)):
     check("sum", lambda x: cutlass_ext.sum(x, dim, keepdim=keepdim), lambda x: x.sum(dim, keepdim=keepdim), [x3])
 check("add", lambda a, b: cutlass_ext.add(a, b), lambda a, b: a + b, [x, res])
+# Saved tensors are checked for in-place changes, and freed by a backward without retain_graph.
+y = cutlass_ext.softmax(x.detach().requires_grad_())
+y.mul_(2)
+try:
+    y.sum().backward()
+    raise AssertionError("an in-place change of a saved output went unnoticed")
+except RuntimeError as e:
+    assert "inplace" in str(e), e
+xl = x.detach().requires_grad_()
+out = cutlass_ext.linear(xl, W.t(), lb, activation="relu").sum()
+out.backward(retain_graph=False)
+try:
+    out.backward()
+    raise AssertionError("a second backward through freed saved tensors did not raise")
+except RuntimeError as e:
+    assert "second time" in str(e), e
 print("C++ autograd on CPU: ok")
 """
 

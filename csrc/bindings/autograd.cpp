@@ -1,11 +1,19 @@
-// Autograd of linear, lora_linear, softmax, layer_norm, bias_act, sum and add for CUDA tensors, in C++. The
-// Python autograd of these ops (register_autograd in cutlass_ext/ops/) costs ~40 us of host time
-// per call, and its backward takes the GIL on autograd's device thread, which cost more than the
-// kernels on small layers; these nodes do the same work without the interpreter. Each mirrors
-// the setup_context/backward pair of its Python twin, which still serves CPU tensors and the
-// CUDA calls made before this library is loaded; both call the same ops through the dispatcher.
-#include <torch/csrc/autograd/custom_function.h>
+// Autograd of linear, lora_linear, softmax, layer_norm, bias_act, sum and add for CUDA tensors, in
+// C++. The Python autograd of these ops (register_autograd in cutlass_ext/ops/) costs ~40 us of
+// host time per call, and its backward takes the GIL on autograd's device thread, which cost more
+// than the kernels on small layers; these nodes do the same work without the interpreter. Each
+// mirrors the setup_context/backward pair of its Python twin, which still serves CPU tensors and
+// the CUDA calls made before this library is loaded; both call the same ops through the dispatcher.
+//
+// The nodes are plain autograd nodes, as torch's generated code makes them, rather than
+// torch::autograd::Function: its context and output bookkeeping cost ~8 us of host time per
+// forward and ~12 per backward on an H200 machine's host (measured on sum), more than the kernels
+// of small layers. Saved tensors are SavedVariables, so an in-place change of one between the
+// forward and the backward still raises autograd's error. Every input tensor has an edge (an
+// absent optional one an invalid edge), and only the first output is differentiable.
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -14,6 +22,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bindings/common.h"
@@ -22,7 +31,8 @@
 namespace cutlass_ext {
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 using OptTensor = c10::optional<at::Tensor>;
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
@@ -35,226 +45,232 @@ c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
 
 OptTensor optional_of(const at::Tensor& t) { return t.defined() ? OptTensor(t) : c10::nullopt; }
 
-bool defined(const OptTensor& t) { return t.has_value() && t->defined(); }
+at::Tensor tensor_or_undefined(const OptTensor& t) { return t.has_value() ? *t : at::Tensor(); }
 
-// Whether the gradient of a forward input is needed. `present` lists, in forward order, whether
-// each tensor input up to and including this one was given: an absent optional tensor has no
-// autograd edge, so the edges of the inputs after it shift down by one.
-bool needs_grad(AutogradContext* ctx, std::initializer_list<bool> present) {
-  if (!*(present.end() - 1)) return false;
-  size_t edge = 0;
-  for (auto it = present.begin(); it + 1 != present.end(); ++it) edge += *it ? 1 : 0;
-  return ctx->needs_input_grad(edge);
+// The node handle type of this torch (a shared or an intrusive pointer, by version).
+using NodePtr = decltype(torch::autograd::Edge().function);
+
+// A new node of type N whose edges lead to `inputs` (undefined ones: invalid edges), or null
+// when no input needs a gradient (grad mode off, inference mode, frozen inputs).
+template <class N, class... Inputs>
+NodePtr make_node(const Inputs&... inputs) {
+  if (!torch::autograd::compute_requires_grad(inputs...)) return nullptr;
+  NodePtr node;
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
+    node = std::make_shared<N>();
+  } else {
+    node = c10::make_intrusive<N>();
+  }
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs...));
+  return node;
 }
+
+// A saved tensor: a detached alias (it shares the version counter, so an in-place change is
+// caught at unpack; it holds no reference to the node, so saving an output makes no cycle).
+SavedVariable save(const at::Tensor& t) { return SavedVariable(t.defined() ? t.detach() : t, false); }
 
 // ---------------------------------------------------------------------------------------------
 // linear: the pre-activation output has no gradient; dB comes back in B's layout.
 
-class LinearAutograd : public torch::autograd::Function<LinearAutograd> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, const OptTensor& bias,
-                               const std::string& activation, bool save_preact,
-                               const c10::optional<std::string>& config) {
-    static const auto op =
-        op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&,
-                                                     c10::string_view, bool, c10::optional<c10::string_view>)>(
-            "cutlass_ext::linear");
-    at::Tensor y, z;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      c10::optional<c10::string_view> config_view;
-      if (config.has_value()) config_view = c10::string_view(*config);
-      std::tie(y, z) = op.call(a, b, bias, activation, save_preact, config_view);
-    }
-    ctx->mark_non_differentiable({z});
-    ctx->set_materialize_grads(false);
-    const at::Tensor saved = activation_saved_tensor(int(activation_code(activation, "linear")), y, z, save_preact);
-    ctx->saved_data["activation"] = activation;
-    ctx->saved_data["has_bias"] = defined(bias);
-    // dB comes back in B's layout: transposed when B is the transpose of a row-major [N, K] weight.
-    ctx->saved_data["b_is_weight_t"] = b.sym_stride(0) == 1 && b.sym_stride(1) != 1;
-    ctx->save_for_backward({a, b, saved});
-    return {y, z};
-  }
+struct LinearBackward final : Node {
+  SavedVariable a, b, saved;
+  std::string activation;
+  bool b_is_weight_t = false;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  variable_list apply(variable_list&& grads) override {
     static const auto op = op_handle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                              const OptTensor&, c10::string_view, bool, bool, bool, bool)>(
         "cutlass_ext::_linear_backward");
-    variable_list out(6);
+    variable_list out(3);
     if (!grads[0].defined()) return out;
-    const auto saved = ctx->get_saved_variables();
-    const std::string activation = ctx->saved_data["activation"].toStringRef();
-    check_activation_saved(int(activation_code(activation, "linear")), saved[2], activation, "linear");
-    const bool need_a = ctx->needs_input_grad(0), need_b = ctx->needs_input_grad(1);
-    const bool need_bias = needs_grad(ctx, {true, true, ctx->saved_data["has_bias"].toBool()});
-    auto [grad_a, grad_b, grad_bias] = op.call(grads[0], saved[0], saved[1], optional_of(saved[2]), activation, need_a,
-                                               need_b, need_bias, ctx->saved_data["b_is_weight_t"].toBool());
-    if (need_a) out[0] = grad_a;
-    if (need_b) out[1] = grad_b;
-    if (need_bias) out[2] = grad_bias;
+    const at::Tensor s = saved.unpack();
+    check_activation_saved(int(activation_code(activation, "linear")), s, activation, "linear");
+    const bool need[3] = {should_compute_output(0), should_compute_output(1), should_compute_output(2)};
+    auto [grad_a, grad_b, grad_bias] = op.call(grads[0], a.unpack(), b.unpack(), optional_of(s), activation, need[0],
+                                               need[1], need[2], b_is_weight_t);
+    if (need[0]) out[0] = grad_a;
+    if (need[1]) out[1] = grad_b;
+    if (need[2]) out[2] = grad_bias;
     return out;
   }
+  void release_variables() override {
+    a.reset_data();
+    b.reset_data();
+    saved.reset_data();
+  }
+  std::string name() const override { return "cutlass_ext::LinearBackward"; }
 };
 
 std::tuple<at::Tensor, at::Tensor> linear_autograd(const at::Tensor& a, const at::Tensor& b, const OptTensor& bias,
                                                    c10::string_view activation, bool save_preact,
                                                    c10::optional<c10::string_view> config) {
-  c10::optional<std::string> config_str;
-  if (config.has_value()) config_str = std::string(*config);
-  auto out = LinearAutograd::apply(a, b, bias, std::string(activation), save_preact, config_str);
-  return {out[0], out[1]};
+  static const auto op =
+      op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                                   c10::string_view, bool, c10::optional<c10::string_view>)>(
+          "cutlass_ext::linear");
+  at::Tensor y, z;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::tie(y, z) = op.call(a, b, bias, activation, save_preact, config);
+  }
+  if (NodePtr node = make_node<LinearBackward>(a, b, tensor_or_undefined(bias))) {
+    auto& n = static_cast<LinearBackward&>(*node);
+    n.activation = std::string(activation);
+    n.a = save(a);
+    n.b = save(b);
+    n.saved = save(activation_saved_tensor(int(activation_code(n.activation, "linear")), y, z, save_preact));
+    // dB comes back in B's layout: transposed when B is the transpose of a row-major [N, K] weight.
+    n.b_is_weight_t = b.sym_stride(0) == 1 && b.sym_stride(1) != 1;
+    torch::autograd::set_history(y, node);
+  }
+  return {y, z};
 }
 
 // ---------------------------------------------------------------------------------------------
 // softmax: the backward reads only the output.
 
-class SoftmaxAutograd : public torch::autograd::Function<SoftmaxAutograd> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, double scale) {
-    static const auto op = op_handle<at::Tensor(const at::Tensor&, int64_t, double)>("cutlass_ext::softmax");
-    at::Tensor y;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      y = op.call(x, dim, scale);
-    }
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["scale"] = scale;
-    ctx->save_for_backward({y});
-    return {y};
-  }
+struct SoftmaxBackward final : Node {
+  SavedVariable y;
+  int64_t dim = -1;
+  double scale = 1.0;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  variable_list apply(variable_list&& grads) override {
     static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, double)>(
         "cutlass_ext::_softmax_backward");
-    const at::Tensor y = ctx->get_saved_variables()[0];
-    return {op.call(grads[0], y, ctx->saved_data["dim"].toInt(), ctx->saved_data["scale"].toDouble()), at::Tensor(),
-            at::Tensor()};
+    if (!grads[0].defined()) return {at::Tensor()};
+    return {op.call(grads[0], y.unpack(), dim, scale)};
   }
+  void release_variables() override { y.reset_data(); }
+  std::string name() const override { return "cutlass_ext::SoftmaxBackward"; }
 };
 
 at::Tensor softmax_autograd(const at::Tensor& x, int64_t dim, double scale) {
-  return SoftmaxAutograd::apply(x, dim, scale)[0];
+  static const auto op = op_handle<at::Tensor(const at::Tensor&, int64_t, double)>("cutlass_ext::softmax");
+  at::Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    y = op.call(x, dim, scale);
+  }
+  if (NodePtr node = make_node<SoftmaxBackward>(x)) {
+    auto& n = static_cast<SoftmaxBackward&>(*node);
+    n.y = save(y);
+    n.dim = dim;
+    n.scale = scale;
+    torch::autograd::set_history(y, node);
+  }
+  return y;
 }
 
 // ---------------------------------------------------------------------------------------------
 // layer_norm: mean and rstd are outputs without a gradient.
 
-class LayerNormAutograd : public torch::autograd::Function<LayerNormAutograd> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const OptTensor& weight,
-                               const OptTensor& bias, double eps, bool relu, double dropout_p, const OptTensor& seed) {
-    static const auto op = op_handle<Tensor3(const at::Tensor&, const OptTensor&, const OptTensor&, double, bool,
-                                             double, const OptTensor&)>("cutlass_ext::layer_norm");
-    at::Tensor y, mean, rstd;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      std::tie(y, mean, rstd) = op.call(x, weight, bias, eps, relu, dropout_p, seed);
-    }
-    ctx->mark_non_differentiable({mean, rstd});
-    ctx->set_materialize_grads(false);
-    ctx->saved_data["relu"] = relu;
-    ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["has_bias"] = defined(bias);  // the weight is saved; the bias is not
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), mean, rstd, seed.value_or(at::Tensor())});
-    return {y, mean, rstd};
-  }
+struct LayerNormBackward final : Node {
+  SavedVariable x, weight, mean, rstd, seed;
+  bool relu = false;
+  double dropout_p = 0.0;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  variable_list apply(variable_list&& grads) override {
     static const auto op =
         op_handle<Tensor3(const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
                           const at::Tensor&, bool, double, const OptTensor&, bool, bool, bool)>(
             "cutlass_ext::_layer_norm_backward");
-    variable_list out(7);
+    variable_list out(3);
     if (!grads[0].defined()) return out;
-    const auto saved = ctx->get_saved_variables();
-    const bool has_weight = saved[1].defined(), has_bias = ctx->saved_data["has_bias"].toBool();
-    const bool need_x = needs_grad(ctx, {true});
-    const bool need_weight = needs_grad(ctx, {true, has_weight});
-    const bool need_bias = needs_grad(ctx, {true, has_weight, has_bias});
-    auto [dx, dweight, dbias] = op.call(grads[0], saved[0], optional_of(saved[1]), saved[2], saved[3],
-                                        ctx->saved_data["relu"].toBool(), ctx->saved_data["dropout_p"].toDouble(),
-                                        optional_of(saved[4]), need_x, need_weight, need_bias);
-    if (need_x) out[0] = dx;
-    if (need_weight) out[1] = dweight;
-    if (need_bias) out[2] = dbias;
+    const bool need[3] = {should_compute_output(0), should_compute_output(1), should_compute_output(2)};
+    auto [dx, dweight, dbias] = op.call(grads[0], x.unpack(), optional_of(weight.unpack()), mean.unpack(),
+                                        rstd.unpack(), relu, dropout_p, optional_of(seed.unpack()), need[0], need[1],
+                                        need[2]);
+    if (need[0]) out[0] = dx;
+    if (need[1]) out[1] = dweight;
+    if (need[2]) out[2] = dbias;
     return out;
   }
+  void release_variables() override {
+    for (SavedVariable* v : {&x, &weight, &mean, &rstd, &seed}) v->reset_data();
+  }
+  std::string name() const override { return "cutlass_ext::LayerNormBackward"; }
 };
 
 Tensor3 layer_norm_autograd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps, bool relu,
                             double dropout_p, const OptTensor& seed) {
-  auto out = LayerNormAutograd::apply(x, weight, bias, eps, relu, dropout_p, seed);
-  return {out[0], out[1], out[2]};
+  static const auto op = op_handle<Tensor3(const at::Tensor&, const OptTensor&, const OptTensor&, double, bool,
+                                           double, const OptTensor&)>("cutlass_ext::layer_norm");
+  at::Tensor y, mean, rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::tie(y, mean, rstd) = op.call(x, weight, bias, eps, relu, dropout_p, seed);
+  }
+  if (NodePtr node = make_node<LayerNormBackward>(x, tensor_or_undefined(weight), tensor_or_undefined(bias))) {
+    auto& n = static_cast<LayerNormBackward&>(*node);
+    n.x = save(x);
+    n.weight = save(tensor_or_undefined(weight));  // the bias is not needed
+    n.mean = save(mean);
+    n.rstd = save(rstd);
+    n.seed = save(tensor_or_undefined(seed));
+    n.relu = relu;
+    n.dropout_p = dropout_p;
+    torch::autograd::set_history(y, node);
+  }
+  return {y, mean, rstd};
 }
 
 // ---------------------------------------------------------------------------------------------
 // bias_act: act(scale * x + bias + residual).
 
-class BiasActAutograd : public torch::autograd::Function<BiasActAutograd> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const OptTensor& bias,
-                               const std::string& activation, double scale, const OptTensor& residual) {
-    static const auto op =
-        op_handle<at::Tensor(const at::Tensor&, const OptTensor&, c10::string_view, double, const OptTensor&)>(
-            "cutlass_ext::bias_act");
-    at::Tensor y;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      y = op.call(x, bias, activation, scale, residual);
-    }
-    ctx->saved_data["activation"] = activation;
-    ctx->saved_data["scale"] = scale;
-    ctx->save_for_backward({x, bias.value_or(at::Tensor()), residual.value_or(at::Tensor())});
-    return {y};
-  }
+struct BiasActBackward final : Node {
+  SavedVariable x, bias, residual;
+  std::string activation;
+  double scale = 1.0;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  variable_list apply(variable_list&& grads) override {
     static const auto op =
         op_handle<Tensor3(const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, c10::string_view,
                           double, bool, bool, bool)>("cutlass_ext::_bias_act_backward");
-    variable_list out(5);
-    const auto saved = ctx->get_saved_variables();
-    const bool has_bias = saved[1].defined(), has_residual = saved[2].defined();
-    const bool need_x = needs_grad(ctx, {true});
-    const bool need_bias = needs_grad(ctx, {true, has_bias});
-    const bool need_residual = needs_grad(ctx, {true, has_bias, has_residual});
-    if (!grads[0].defined() || !(need_x || need_bias || need_residual)) return out;
-    auto [dx, dbias, dresidual] =
-        op.call(grads[0], saved[0], optional_of(saved[1]), optional_of(saved[2]),
-                ctx->saved_data["activation"].toStringRef(), ctx->saved_data["scale"].toDouble(), need_x, need_bias,
-                need_residual);
-    if (need_x) out[0] = dx;
-    if (need_bias) out[1] = dbias;
-    if (need_residual) out[4] = dresidual;
+    variable_list out(3);
+    const bool need[3] = {should_compute_output(0), should_compute_output(1), should_compute_output(2)};
+    if (!grads[0].defined() || !(need[0] || need[1] || need[2])) return out;
+    auto [dx, dbias, dresidual] = op.call(grads[0], x.unpack(), optional_of(bias.unpack()),
+                                          optional_of(residual.unpack()), activation, scale, need[0], need[1], need[2]);
+    if (need[0]) out[0] = dx;
+    if (need[1]) out[1] = dbias;
+    if (need[2]) out[2] = dresidual;
     return out;
   }
+  void release_variables() override {
+    x.reset_data();
+    bias.reset_data();
+    residual.reset_data();
+  }
+  std::string name() const override { return "cutlass_ext::BiasActBackward"; }
 };
 
 at::Tensor bias_act_autograd(const at::Tensor& x, const OptTensor& bias, c10::string_view activation, double scale,
                              const OptTensor& residual) {
-  return BiasActAutograd::apply(x, bias, std::string(activation), scale, residual)[0];
+  static const auto op =
+      op_handle<at::Tensor(const at::Tensor&, const OptTensor&, c10::string_view, double, const OptTensor&)>(
+          "cutlass_ext::bias_act");
+  at::Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    y = op.call(x, bias, activation, scale, residual);
+  }
+  const at::Tensor b = tensor_or_undefined(bias), r = tensor_or_undefined(residual);
+  if (NodePtr node = make_node<BiasActBackward>(x, b, r)) {
+    auto& n = static_cast<BiasActBackward&>(*node);
+    n.x = save(x);
+    n.bias = save(b);
+    n.residual = save(r);
+    n.activation = std::string(activation);
+    n.scale = scale;
+    torch::autograd::set_history(y, node);
+  }
+  return y;
 }
 
 // ---------------------------------------------------------------------------------------------
-// sum and add save no tensors, so their backward nodes are plain autograd nodes rather than
-// torch::autograd::Function: its context and output bookkeeping cost ~8 us of host time per
-// forward and ~12 per backward on an H200 machine's host, more than a small sum's kernels.
-
-// The node handle type of this torch (a shared or an intrusive pointer, by version).
-using NodePtr = decltype(torch::autograd::Edge().function);
-
-template <class N>
-NodePtr make_node() {
-  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
-    return std::make_shared<N>();
-  } else {
-    return c10::make_intrusive<N>();
-  }
-}
-
 // sum: the gradient is grad broadcast back over the reduced dimensions (a view, no kernel).
-struct SumBackward final : torch::autograd::Node {
+
+struct SumBackward final : Node {
   std::vector<int64_t> shape, dims;  // dims wrapped and ascending
   bool keepdim = false;
 
@@ -276,21 +292,21 @@ at::Tensor sum_autograd(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) 
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     y = op.call(x, dim, keepdim);  // checks the dims
   }
-  if (torch::autograd::compute_requires_grad(x)) {
-    NodePtr node = make_node<SumBackward>();
-    auto& sum_node = static_cast<SumBackward&>(*node);
-    sum_node.set_next_edges(torch::autograd::collect_next_edges(x));
-    sum_node.shape = x.sizes().vec();
-    for (int64_t d : dim) sum_node.dims.push_back(d < 0 ? d + x.dim() : d);
-    std::sort(sum_node.dims.begin(), sum_node.dims.end());
-    sum_node.keepdim = keepdim;
+  if (NodePtr node = make_node<SumBackward>(x)) {
+    auto& n = static_cast<SumBackward&>(*node);
+    n.shape = x.sizes().vec();
+    for (int64_t d : dim) n.dims.push_back(d < 0 ? d + x.dim() : d);
+    std::sort(n.dims.begin(), n.dims.end());
+    n.keepdim = keepdim;
     torch::autograd::set_history(y, node);
   }
   return y;
 }
 
+// ---------------------------------------------------------------------------------------------
 // add: both gradients are grad itself.
-struct AddBackward final : torch::autograd::Node {
+
+struct AddBackward final : Node {
   variable_list apply(variable_list&& grads) override {
     return {should_compute_output(0) ? grads[0] : at::Tensor(), should_compute_output(1) ? grads[0] : at::Tensor()};
   }
@@ -304,85 +320,74 @@ at::Tensor add_autograd(const at::Tensor& a, const at::Tensor& b) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     y = op.call(a, b);
   }
-  if (torch::autograd::compute_requires_grad(a, b)) {
-    NodePtr node = make_node<AddBackward>();
-    node->set_next_edges(torch::autograd::collect_next_edges(a, b));
-    torch::autograd::set_history(y, node);
-  }
+  if (NodePtr node = make_node<AddBackward>(a, b)) torch::autograd::set_history(y, node);
   return y;
 }
 
 // ---------------------------------------------------------------------------------------------
 // lora_linear: t (the low-rank activations) and the pre-activation are outputs without a gradient.
 
-class LoraLinearAutograd : public torch::autograd::Function<LoraLinearAutograd> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               const at::Tensor& lora_A, const at::Tensor& lora_B, const OptTensor& bias,
-                               double scaling, const std::string& activation, double dropout_p, const OptTensor& seed,
-                               bool save_preact) {
-    static const auto op =
-        op_handle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                          const OptTensor&, double, c10::string_view, double, const OptTensor&, bool)>(
-            "cutlass_ext::lora_linear");
-    at::Tensor y, t, preact;
-    {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      std::tie(y, t, preact) = op.call(x, weight, lora_A, lora_B, bias, scaling, activation, dropout_p, seed,
-                                       save_preact);
-    }
-    ctx->mark_non_differentiable({t, preact});
-    ctx->set_materialize_grads(false);
-    const at::Tensor saved =
-        activation_saved_tensor(int(activation_code(activation, "lora_linear")), y, preact, save_preact);
-    ctx->saved_data["activation"] = activation;
-    ctx->saved_data["scaling"] = scaling;
-    ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["has_bias"] = defined(bias);
-    ctx->save_for_backward({x, weight, lora_A, lora_B, t, saved, seed.value_or(at::Tensor())});
-    return {y, t, preact};
-  }
+struct LoraLinearBackward final : Node {
+  SavedVariable x, weight, lora_A, lora_B, t, saved, seed;
+  std::string activation;
+  double scaling = 1.0, dropout_p = 0.0;
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  variable_list apply(variable_list&& grads) override {
     using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
     static const auto op =
         op_handle<Tensor5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const OptTensor&, c10::string_view, double, double,
                           const OptTensor&, bool, bool, bool, bool, bool)>("cutlass_ext::_lora_linear_backward");
-    variable_list out(10);
+    variable_list out(5);
     if (!grads[0].defined()) return out;
-    const auto saved = ctx->get_saved_variables();
-    const std::string activation = ctx->saved_data["activation"].toStringRef();
-    check_activation_saved(int(activation_code(activation, "lora_linear")), saved[5], activation, "lora_linear");
-    // x, weight, lora_A and lora_B are edges 0-3; the bias, when given, edge 4.
-    bool needs[5];
-    for (int i = 0; i < 4; ++i) needs[i] = ctx->needs_input_grad(i);
-    needs[4] = needs_grad(ctx, {true, true, true, true, ctx->saved_data["has_bias"].toBool()});
-    auto grads5 = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], optional_of(saved[5]),
-                          activation, ctx->saved_data["scaling"].toDouble(), ctx->saved_data["dropout_p"].toDouble(),
-                          optional_of(saved[6]), needs[0], needs[1], needs[2], needs[3], needs[4]);
+    const at::Tensor s = saved.unpack();
+    check_activation_saved(int(activation_code(activation, "lora_linear")), s, activation, "lora_linear");
+    bool need[5];
+    for (int i = 0; i < 5; ++i) need[i] = should_compute_output(i);
+    auto grads5 = op.call(grads[0], x.unpack(), weight.unpack(), lora_A.unpack(), lora_B.unpack(), t.unpack(),
+                          optional_of(s), activation, scaling, dropout_p, optional_of(seed.unpack()), need[0],
+                          need[1], need[2], need[3], need[4]);
     const at::Tensor results[5] = {std::get<0>(grads5), std::get<1>(grads5), std::get<2>(grads5),
                                    std::get<3>(grads5), std::get<4>(grads5)};
     for (int i = 0; i < 5; ++i) {
-      if (needs[i]) out[i] = results[i];
+      if (need[i]) out[i] = results[i];
     }
     return out;
   }
+  void release_variables() override {
+    for (SavedVariable* v : {&x, &weight, &lora_A, &lora_B, &t, &saved, &seed}) v->reset_data();
+  }
+  std::string name() const override { return "cutlass_ext::LoraLinearBackward"; }
 };
 
 Tensor3 lora_linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_A,
                              const at::Tensor& lora_B, const OptTensor& bias, double scaling,
                              c10::string_view activation, double dropout_p, const OptTensor& seed, bool save_preact) {
-  auto out = LoraLinearAutograd::apply(x, weight, lora_A, lora_B, bias, scaling, std::string(activation), dropout_p,
-                                       seed, save_preact);
-  return {out[0], out[1], out[2]};
+  static const auto op =
+      op_handle<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
+                        double, c10::string_view, double, const OptTensor&, bool)>("cutlass_ext::lora_linear");
+  at::Tensor y, t, preact;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::tie(y, t, preact) = op.call(x, weight, lora_A, lora_B, bias, scaling, activation, dropout_p, seed,
+                                     save_preact);
+  }
+  if (NodePtr node = make_node<LoraLinearBackward>(x, weight, lora_A, lora_B, tensor_or_undefined(bias))) {
+    auto& n = static_cast<LoraLinearBackward&>(*node);
+    n.activation = std::string(activation);
+    n.x = save(x);
+    n.weight = save(weight);
+    n.lora_A = save(lora_A);
+    n.lora_B = save(lora_B);
+    n.t = save(t);
+    n.saved = save(activation_saved_tensor(int(activation_code(n.activation, "lora_linear")), y, preact, save_preact));
+    n.seed = save(tensor_or_undefined(seed));
+    n.scaling = scaling;
+    n.dropout_p = dropout_p;
+    torch::autograd::set_history(y, node);
+  }
+  return {y, t, preact};
 }
-
-}  // namespace
-}  // namespace cutlass_ext
-
-namespace cutlass_ext {
-namespace {
 
 void register_nodes(torch::Library& m) {
   m.impl("linear", &linear_autograd);
