@@ -130,6 +130,16 @@ struct Dropout {
       : rng(0), threshold(d.keep_threshold), scale(d.keep_scale), on(d.seed != nullptr) {
     if (on) rng = keys(d.seed);
   }
+  // Dropout off, known at compile time: apply() is never reached and holds no registers.
+  __device__ Dropout() : rng(0), threshold(0), scale(1.f), on(false) {}
+  template <bool kOn>
+  static __device__ __forceinline__ Dropout make(DropoutParams const& d) {
+    if constexpr (kOn) {
+      return Dropout(d);
+    } else {
+      return Dropout();
+    }
+  }
   // Not inlined: inlined, the derivation was if-converted into ~25 predicated instructions that
   // every thread issued with dropout off.
   static __device__ __noinline__ CounterRng keys(const int64_t* seed) { return CounterRng(uint64_t(*seed)); }
@@ -167,6 +177,43 @@ __device__ __forceinline__ float group_sum(float v, float* scratch) {
     float total = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += scratch[first + w];
+    return total;
+  }
+}
+
+// Both sums of (a, b) over the kTpr threads that share a row, for every thread of the group, added
+// in the same fixed order as group_sum. Every thread of the block must call it. kTpr > 32 exchanges
+// the warps' sums through `scratch` (2 * kThreads / 32 float2): alternate calls must pass alternate
+// `parity`, so that one barrier a call suffices (a call's buffer is written again only two calls
+// later, after every thread has passed the barrier of the call in between).
+template <int kTpr, int kThreads>
+__device__ __forceinline__ float2 group_sum2(float a, float b, float2* scratch, int parity) {
+  if constexpr (kTpr <= 32) {
+#pragma unroll
+    for (int offset = kTpr / 2; offset > 0; offset >>= 1) {
+      a += __shfl_xor_sync(0xffffffffu, a, offset);
+      b += __shfl_xor_sync(0xffffffffu, b, offset);
+    }
+    return make_float2(a, b);
+  } else {
+    constexpr int kWarps = kTpr / 32;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      a += __shfl_xor_sync(0xffffffffu, a, offset);
+      b += __shfl_xor_sync(0xffffffffu, b, offset);
+    }
+    float2* buf = scratch + parity * (kThreads / 32);
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) buf[warp] = make_float2(a, b);
+    __syncthreads();
+    const int first = warp / kWarps * kWarps;
+    float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 v = buf[first + w];
+      total.x += v.x;
+      total.y += v.y;
+    }
     return total;
   }
 }
@@ -579,15 +626,16 @@ struct ForwardFn {
 // dy after dropout's backward, and xhat, of kVec elements; `positive` gets bit `bit + j` set where
 // x > 0 (relu's derivative).
 // x_src and g_src point at the piece's x and dy (in memory or in shared memory).
+// `relu` is p.relu, passed separately so that a kernel templated on it compiles the relu away.
 template <class T, int kVec>
 __device__ __forceinline__ void backward_inputs(LayerNormBackwardParams const& p, Dropout const& drop, int64_t row,
                                                 int64_t col, Pack<T, kVec> const& xs, Pack<T, kVec> const& gs,
                                                 float mean, float rstd, float (&g)[kVec], float (&xhat)[kVec],
-                                                uint32_t& positive, int bit) {
+                                                uint32_t& positive, int bit, bool relu) {
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     float h = float(xs.v[j]);
-    if (p.relu) {
+    if (relu) {
       positive |= uint32_t(h > 0.f) << (bit + j);
       h = act::relu(h);
     }
@@ -603,7 +651,7 @@ __device__ __forceinline__ void load_backward_inputs_from(LayerNormBackwardParam
                                                           float mean, float rstd, float (&g)[kVec],
                                                           float (&xhat)[kVec], uint32_t& positive, int bit) {
   backward_inputs<T, kVec>(p, drop, row, col, load_pack<T, kVec>(x_src), load_pack<T, kVec>(g_src), mean, rstd, g,
-                           xhat, positive, bit);
+                           xhat, positive, bit, p.relu);
 }
 
 template <class T, int kVec>
@@ -659,17 +707,24 @@ __device__ __forceinline__ void write_column_partials(LayerNormBackwardParams co
 // every row, so its weight is loaded once; each row's x, dy, mean and rstd loads are issued
 // together before any is used. Loading the next row during this one's reductions needed more
 // registers than 64 (up to 192 bytes of spills) and measured 1.5-2x slower (bench/NOTES.md).
-template <class T, int kVec, int kVecs, int kTpr, int kThreads>
+// Like the forward, it is issue-bound (ncu at 65536x512 bf16: ~2x the instructions of
+// torch.compile's kernel), so relu and dropout are template parameters, the row means are
+// multiplications by 1 / cols, and both row sums share one exchange with one barrier. At the
+// 64-register cap every register counts: with dropout's state held across the loop, or an IEEE
+// division's call before it, ptxas kept the dweight accumulators in local memory (bench/NOTES.md
+// section 16).
+template <class T, int kVec, int kVecs, int kTpr, int kThreads, bool kRelu, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows_kernel(LayerNormBackwardParams p) {
   constexpr int kRowsPerBlock = kThreads / kTpr;
   constexpr int kBufFloats = kRowsPerBlock > 1 ? kThreads * kVecs * kVec : 1;
   static_assert(kVecs * kVec <= 32, "the relu mask holds 32 elements per thread");
-  __shared__ float scratch[kThreads / 32];
+  __shared__ float2 scratch[2 * (kThreads / 32)];
   __shared__ float buf[kBufFloats];
   const int lane = threadIdx.x % kTpr;
   const int64_t cols = p.cols;
+  const float inv_cols = __fdividef(1.f, float(cols));  // no call (see above); exact for cols = 1
   const bool need_columns = p.grad_weight != nullptr || p.grad_bias != nullptr;
-  const Dropout drop(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   const T* weight = static_cast<const T*>(p.weight);
 
   int64_t col[kVecs];
@@ -684,6 +739,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
   }
 
   const int64_t stride = int64_t(gridDim.x) * kRowsPerBlock;
+  int parity = 0;
   for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < p.rows; first += stride) {
     const int64_t row = first + threadIdx.x / kTpr;
     const bool row_ok = row < p.rows;
@@ -705,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       backward_inputs<T, kVec>(p, drop, row, col[i], xs[i], gs[i], row_mean, row_rstd, g[i], xhat[i], positive,
-                               i * kVec);
+                               i * kVec, kRelu);
     }
     float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
 #pragma unroll
@@ -722,8 +778,10 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
       }
     }
     if (p.grad_x == nullptr) continue;  // uniform: the same for every thread
-    const float a = group_sum<kTpr>(sum_dxhat, scratch) / float(cols);
-    const float b = group_sum<kTpr>(sum_dxhat_xhat, scratch) / float(cols);
+    const float2 sums = group_sum2<kTpr, kThreads>(sum_dxhat, sum_dxhat_xhat, scratch, parity);
+    parity ^= 1;
+    const float a = sums.x * inv_cols;
+    const float b = sums.y * inv_cols;
     if (!row_ok) continue;
     T* dx = static_cast<T*>(p.grad_x) + row * p.grad_x_ld;
 #pragma unroll
@@ -736,7 +794,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
         // __fmul_rn: no FMA contraction into the subtraction, so that for C = 1 (where
         // a == g * w exactly and xhat == 0) dx is exactly 0, as the math says.
         out[j] = row_rstd * (__fmul_rn(g[i][j], w) - a - xhat[i][j] * b);
-        if (p.relu && !((positive >> (i * kVec + j)) & 1u)) out[j] = 0.f;
+        if (kRelu && !((positive >> (i * kVec + j)) & 1u)) out[j] = 0.f;
       }
       store_vec<T, kVec>(dx + col[i], out);
     }
@@ -944,8 +1002,13 @@ void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& p
   const int64_t nv = (p.cols + kVec - 1) / kVec;
   with_backward_row_config(nv, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads>
-        <<<unsigned(plan.blocks), Cfg::kThreads, 0, stream>>>(p);
+    auto pick = [&](auto relu) {
+      constexpr bool kRelu = decltype(relu)::value;
+      return p.dropout.seed != nullptr ? layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, kRelu, true>
+                                       : layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, kRelu, false>;
+    };
+    auto kernel = p.relu ? pick(std::true_type{}) : pick(std::false_type{});
+    kernel<<<unsigned(plan.blocks), Cfg::kThreads, 0, stream>>>(p);
   });
   int64_t parts = plan.blocks;
   if (!plan.in_registers) {
