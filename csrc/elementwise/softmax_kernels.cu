@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "common/device_utils.cuh"
 
@@ -133,22 +134,42 @@ __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int l
   }
 }
 
+// The pack's bits, unchanged, as the result of an empty asm statement: what was computed from the
+// pack before cannot be reused after, so the compiler keeps the pack (not values derived from it)
+// in registers across the statement.
+template <class T, int kVec>
+__device__ __forceinline__ void opaque_pack(Pack<T, kVec>& pk) {
+  if constexpr (sizeof(pk) % 4 == 0) {
+    uint32_t w[sizeof(pk) / 4];
+    memcpy(w, &pk, sizeof(pk));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(pk) / 4); ++i) asm volatile("" : "+r"(w[i]));
+    memcpy(&pk, w, sizeof(pk));
+  } else {
+    unsigned short h[sizeof(pk) / 2];
+    memcpy(h, &pk, sizeof(pk));
+#pragma unroll
+    for (int i = 0; i < int(sizeof(pk) / 2); ++i) asm volatile("" : "+h"(h[i]));
+    memcpy(&pk, h, sizeof(pk));
+  }
+}
+
+// dy and y stay packed as loaded (16-bit elements two to a register) and are converted where used,
+// twice: at 32 columns a lane (1024 bf16 columns a warp) fp32 copies of both took 64 registers,
+// which held the kernel at 37.5% occupancy, latency-bound (bench/NOTES.md section 16).
 template <class T, int kVec, int kPacks, class Reduce>
 __device__ __forceinline__ void softmax_backward_row_in_registers(const T* dy, const T* y, T* dx, int lane, int lanes,
                                                                   int64_t cols, float scale, Reduce const& reduce) {
-  float g[kPacks][kVec], o[kPacks][kVec];
+  Pack<T, kVec> g[kPacks], o[kPacks];
   float dot = 0.f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int64_t col = (int64_t(k) * lanes + lane) * kVec;
     if (col < cols) {
-      load_vec<T, kVec>(dy + col, g[k]);
-      load_vec<T, kVec>(y + col, o[k]);
+      g[k] = load_pack<T, kVec>(dy + col);
+      o[k] = load_pack<T, kVec>(y + col);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) dot = fmaf(g[k][i], o[k][i], dot);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) g[k][i] = o[k][i] = 0.f;
+      for (int i = 0; i < kVec; ++i) dot = fmaf(float(g[k].v[i]), float(o[k].v[i]), dot);
     }
   }
   dot = reduce.sum(dot);
@@ -156,9 +177,12 @@ __device__ __forceinline__ void softmax_backward_row_in_registers(const T* dy, c
   for (int k = 0; k < kPacks; ++k) {
     const int64_t col = (int64_t(k) * lanes + lane) * kVec;
     if (col < cols) {
+      opaque_pack<T, kVec>(g[k]);  // convert again here rather than keep the fp32 values from above
+      opaque_pack<T, kVec>(o[k]);
+      float out[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) g[k][i] = scale * o[k][i] * (g[k][i] - dot);
-      store_vec<T, kVec>(dx + col, g[k]);
+      for (int i = 0; i < kVec; ++i) out[i] = scale * float(o[k].v[i]) * (float(g[k].v[i]) - dot);
+      store_vec<T, kVec>(dx + col, out);
     }
   }
 }
