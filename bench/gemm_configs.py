@@ -28,6 +28,9 @@ SHAPE_SETS = {
     # Short K: LoRA's rank-r products (K = r) and narrow input layers.
     "shortk": [(m, k, n) for k, n in ((16, 4096), (64, 4096), (16, 11008), (64, 11008), (16, 512))
                for m in (2048, 8192, 32768)],
+    # bench/linear.py's DLRM MLP layers (13-512-256-64-16 and 512-256-1): narrow K or N.
+    "dlrm": [(m, k, n) for k, n in ((13, 512), (512, 256), (256, 64), (64, 16), (256, 1))
+             for m in (2048, 8192, 32768, 65536)],
 }
 
 

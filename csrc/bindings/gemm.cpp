@@ -140,6 +140,10 @@ constexpr int64_t kTransposedMinTiles = 8;
 // shortk, persistent short-K kernel): at K = 16 it beat every CUTLASS config on every shape; at
 // K = 64 it beat the CUTLASS default up to 8192 rows (2048 x 64 x 4096: 20.5 vs 25.7 us) and lost
 // to it at 32768 rows (198.9 vs 187.7 us).
+// Few columns over many rows (a narrow MLP layer, N <= 256 after padding) with a short K: the
+// transposed product puts the columns in one to four 64-row tiles (select_kernel).
+constexpr int64_t kNarrowNMaxN = 256;
+constexpr int64_t kNarrowNMaxK = 1024;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
 constexpr int64_t kLowKMaxK = 64;
@@ -216,6 +220,26 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       const bool short_k = M <= kTransposedShortKMaxM && K <= kTransposedShortK && tiles >= kTransposedMinTiles;
       if (best->stream_k || tiles * 4 >= sms || short_k) return best;
     }
+  }
+  // Few columns, many rows, short K: the transposed product, where the 128-wide tiles spent most
+  // of each tile on columns that are not there. The widest transposed tile whose grid fills the
+  // SMs at least once, else the narrowest (the most tiles). Measured on an H200 (bf16,
+  // bench/gemm_configs.py --set dlrm, bench/NOTES.md section 16): 65536 x 64 -> 16 34.6 -> 15.6 us,
+  // 65536 x 256 -> 64 39.3 -> 22.0, 2048 x 256 -> 64 30.8 -> 10.4, 2048 x 512 -> 256 20.6 -> 9.2;
+  // on the set's narrow shapes 1.03x the best built config (geomean), at most 1.11x. Longer K
+  // (weight gradients over many rows) keeps the rules below.
+  if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= kNarrowNMaxK && !with_extk_twin) {
+    const GemmKernelEntry* widest = nullptr;
+    const GemmKernelEntry* narrowest = nullptr;
+    for (const GemmKernelEntry* e : cutlass) {
+      if (!e->transposed || e->stream_k || e->tile_m != 64) continue;
+      if (output_tiles(*e, M, N, L) >= int64_t(sms) && (widest == nullptr || e->tile_n > widest->tile_n)) {
+        widest = e;
+      }
+      if (narrowest == nullptr || e->tile_n < narrowest->tile_n) narrowest = e;
+    }
+    if (widest != nullptr) return widest;
+    if (narrowest != nullptr) return narrowest;
   }
   // Otherwise the first data-parallel config (the kernel table lists them in order of
   // preference) when its tiles fill the machine at least once, else the stream-K config, which

@@ -685,6 +685,37 @@ def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
         assert "Cooperative" in name and "StreamK" not in name, name
 
 
+# Few columns over many rows with a short K (narrow MLP layers): the transposed product, in the
+# widest 64-row tile whose grid fills the SMs at least once, else the narrowest.
+
+NARROW_N_TILES = {16: "t64x16k128_pp", 32: "t64x32k128_pp", 64: "t64x64_pp", 128: "t64x128_pp"}
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
+                                   (20000, 512, 1), (3000, 2048, 64)])
+def test_narrow_n_takes_the_transposed_tiles(m, k, n):
+    built = dict(cutlass_ext.build().kernels())
+    if not all(f"sm90_bf16_kk_bias_act_{c}" in built for c in NARROW_N_TILES.values()):
+        pytest.skip("the transposed configs are not in this (selective) build")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    name = heuristic_kernel(m, k, n)
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16)
+    forced = {}
+    for tile_n, cfg in NARROW_N_TILES.items():
+        _, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), config=cfg))
+        forced[tile_n] = names[0]
+    if k > 1024:  # a long K keeps the other rules
+        assert name not in forced.values(), name
+        return
+    n_padded = math.ceil(n / 8) * 8
+    filling = [t for t in NARROW_N_TILES if math.ceil(n_padded / 64) * math.ceil(m / t) >= sms]
+    expected = max(filling) if filling else min(NARROW_N_TILES)
+    assert name == forced[expected], (name, expected)
+
+
 @requires_cuda
 @requires_sm90_path
 @pytest.mark.parametrize("k", [4096, 8192])
