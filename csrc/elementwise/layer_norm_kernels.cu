@@ -189,19 +189,11 @@ __device__ __forceinline__ float group_sum(float v, float* scratch) {
 template <int kTpr, int kThreads>
 __device__ __forceinline__ float2 group_sum2(float a, float b, float2* scratch, int parity) {
   if constexpr (kTpr <= 32) {
-#pragma unroll
-    for (int offset = kTpr / 2; offset > 0; offset >>= 1) {
-      a += __shfl_xor_sync(0xffffffffu, a, offset);
-      b += __shfl_xor_sync(0xffffffffu, b, offset);
-    }
-    return make_float2(a, b);
+    return make_float2(group_sum<kTpr>(a, nullptr), group_sum<kTpr>(b, nullptr));  // shuffles only
   } else {
     constexpr int kWarps = kTpr / 32;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      a += __shfl_xor_sync(0xffffffffu, a, offset);
-      b += __shfl_xor_sync(0xffffffffu, b, offset);
-    }
+    a = warp_sum(a);
+    b = warp_sum(b);
     float2* buf = scratch + parity * (kThreads / 32);
     const int warp = threadIdx.x >> 5;
     if ((threadIdx.x & 31) == 0) buf[warp] = make_float2(a, b);
