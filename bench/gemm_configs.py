@@ -31,6 +31,8 @@ SHAPE_SETS = {
     # bench/linear.py's DLRM MLP layers (13-512-256-64-16 and 512-256-1): narrow K or N.
     "dlrm": [(m, k, n) for k, n in ((13, 512), (512, 256), (256, 64), (64, 16), (256, 1))
              for m in (2048, 8192, 32768, 65536)],
+    # Few columns (the hand-written dot-product kernel's range, N <= 16) against K.
+    "fewcols": [(m, k, n) for n in (1, 4, 8, 16) for k in (64, 256, 1024, 4096) for m in (2048, 65536)],
 }
 
 
@@ -43,9 +45,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    # The Hopper CUTLASS kernels and the hand-written short-K one for this layout.
+    # The Hopper CUTLASS kernels and the hand-written short-K and few-column ones for this layout.
     configs = [cfg for name, cfg in cutlass_ext.build().kernels()
-               if any(name.startswith(f"{family}_{args.dtype}_kk_bias_act_") for family in ("sm90", "lowk"))
+               if any(name.startswith(f"{family}_{args.dtype}_kk_bias_act_") for family in ("sm90", "lowk", "gemv"))
                and "_aux_" not in name]
     timer = Timer(iters=args.iters)
     ext = cutlass_ext.build()
@@ -68,8 +70,13 @@ def main(argv=None) -> int:
 
         fns = {"cublaslt": lambda: torch._addmm_activation(b, x, w.t()), "default": default,
                "eager": lambda: torch.relu(torch.nn.functional.linear(x, w, b))}
-        # The short-K kernel holds K in shared memory (K <= 64).
-        usable = [cfg for cfg in configs if not (cfg.startswith("lowk") and k > 64)]
+        # The short-K kernel holds K in shared memory (K <= 64); the few-column one takes N <= 16.
+        usable = [cfg for cfg in configs if not (cfg.startswith("lowk") and k > 64) and not (cfg.startswith("gemv") and n > 16)]
+        for cfg in list(usable):
+            try:  # a config that cannot run this shape (the few-column kernel's shared memory) is left out
+                ours(cfg, "1")()
+            except RuntimeError:
+                usable.remove(cfg)
         fns.update({f"{cfg}/s{s}": ours(cfg, s) for cfg in usable for s in args.swizzles.split(",")})
         with torch.no_grad():
             results = timer.median_us_many(fns)

@@ -162,7 +162,11 @@ class HandWrittenConfig:
 
 # Short K: the product is a stream over C and D (LoRA's rank-r terms and merges, narrow input layers).
 LOWK_CONFIG = HandWrittenConfig("lowk_64x128", "lowk", (64, 128), use="K <= 64 (LoRA rank-r products and merges)")
-HAND_WRITTEN_CONFIGS = (LOWK_CONFIG,)
+# Few columns: one dot product per output, a stream over A with no padded copies (narrow MLP
+# outputs such as a 256 -> 1 layer). Tile: rows per block step at N <= 8, the most columns.
+GEMV_CONFIG = HandWrittenConfig("gemv_n16", "gemv", (32, 16),
+                                use="N <= 4 with a K-major A (narrow layer outputs); up to N = 16 when forced")
+HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG)
 
 
 def all_configs() -> tuple:
@@ -191,7 +195,7 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 
 @dataclasses.dataclass(frozen=True)
 class GemmKernel:
-    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk")
+    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv")
     dtype: str
     a_major: str  # "k" | "m"
     b_major: str  # "k" | "n"
@@ -349,6 +353,12 @@ def all_kernels() -> list[GemmKernel]:
             for aux, with_c in ((False, False), (True, False), (False, True)):
                 if not (aux and a != "k"):
                     kernels.append(GemmKernel("lowk", dtype, a, b, aux, LOWK_CONFIG, with_c=with_c))
+    # Few columns: a K-major A (the kernel reads B with any strides; both B layouts are listed so
+    # that each is exercised). fp32 multiplies exactly, which also serves the TF32 policy.
+    for dtype in ("bf16", "fp16", "tf32", "f32"):
+        for b in "kn":
+            for aux in (False, True):
+                kernels.append(GemmKernel("gemv", dtype, "k", b, aux, GEMV_CONFIG))
     return kernels
 
 

@@ -80,6 +80,8 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 // ---------------------------------------------------------------------------------------------
 // Kernel selection
 
+bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") == 0; }
+
 // Kernels built for this dtype, math mode, layout and epilogue (empty when the combination has
 // no instantiation, or a selective build left it out). Majors are those of the kernel's own
 // operands: for transposed kernels A' = B^T and B' = A^T.
@@ -93,7 +95,8 @@ std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode 
     const bool arch_ok = math == MathMode::kExactF32 || e.arch == arch || e.arch == 0;
     const bool source_ok = e.source == with_c || (with_c && e.arch == 80);
     if (arch_ok && source_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
-        e.aux == aux && e.transposed == transposed && e.ext_k == ext_k) {
+        e.aux == aux && e.transposed == transposed && e.ext_k == ext_k &&
+        !is_gemv(e)) {  // chosen before the others, on unpadded operands (few_column_kernel)
       out.push_back(&e);
     }
   }
@@ -382,6 +385,42 @@ GemmOptions gemm_options() {
   return o;
 }
 
+// Few output columns: the hand-written dot-product kernel (gemm/gemv_gemm.cuh), which reads A, B
+// and the bias where they are (any alignment, any strides of B) and writes D unpadded, or nullptr
+// for the other kernels. It needs a K-major A (a unit stride along K), no C source and no second
+// product, and B must fit its shared memory (N <= 16). Unforced it takes N <= 4, measured on an
+// H200 (bf16, bench/gemm_configs.py --set fewcols): 1.05-1.4x cuBLASLt from 8192 rows and ahead
+// of every CUTLASS tile; at N = 8 and 16 the transposed tensor-core tiles were faster (it reads 8-16
+// bytes of B from shared memory per element of A there). For N > 1 with K > 1024 it also needs
+// one 32-row tile per SM: 2048 x 4096 -> 4 took 32.2 us against 29.5 for the 64x64 tile.
+// The config override forces it (an error where it cannot run) or excludes it.
+constexpr int64_t kGemvChosenMaxN = 4;
+constexpr int64_t kGemvShortK = 1024;
+constexpr int64_t kGemvTileRows = 32;
+
+const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
+                                         bool with_c_or_a2, const std::string& config, int sms) {
+  const int64_t K = a3.size(2), N = b3.size(2);
+  if (config.empty() && N > kGemvChosenMaxN) return nullptr;  // most calls: no table walk
+  const Major b_major = (b3.stride(1) == 1 || K == 1) ? Major::kK : Major::kMN;
+  const GemmKernelEntry* entry = nullptr;
+  for (int i = 0; i < kNumGemmKernels; ++i) {
+    const GemmKernelEntry& e = kGemmKernels[i];
+    if (e.dtype == dt && e.math == math && e.aux == aux && e.b_major == b_major && is_gemv(e)) entry = &e;
+  }
+  const bool forced = entry != nullptr && config == entry->config;
+  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const bool runs = N <= kGemvMaxN && (a3.stride(2) == 1 || K == 1) && !with_c_or_a2 &&
+                    gemv_shared_bytes(K, N, int(a3.element_size())) <= kGemvMaxSharedBytes;
+  CE_CHECK(runs || !forced, "config '", config, "' takes N <= ", kGemvMaxN,
+           ", a K-major A (unit stride along K), no C source and B small enough for ", kGemvMaxSharedBytes / 1024,
+           " KB of shared memory as fp32; this product is ", a3.size(1), " x ", K, " -> ", N, " with A strides ",
+           a3.strides());
+  if (forced) return entry;
+  const int64_t rows = a3.size(0) * a3.size(1);
+  return runs && N <= kGemvChosenMaxN && (N == 1 || K <= kGemvShortK || rows >= kGemvTileRows * sms) ? entry : nullptr;
+}
+
 // ---------------------------------------------------------------------------------------------
 // gemm: D = act(alpha * A @ B + C + bias), optionally also Aux = the pre-activation.
 // a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N] (any strides); bias: [N] or None;
@@ -471,6 +510,40 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   }
 
   const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
+  if (const GemmKernelEntry* gemv = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config,
+                                                             sm_count(a.device().index()))) {
+    // D straight into extra.out when its columns are adjacent (the kernel's only requirement).
+    at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);
+    at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
+    GemmParams p;
+    p.M = int(M);
+    p.N = int(N);
+    p.K = int(K);
+    p.L = int(L);
+    p.A = a3.data_ptr();
+    p.a_stride_m = a3.stride(1);
+    p.a_stride_k = K == 1 ? 1 : a3.stride(2);
+    p.a_stride_l = a3.stride(0);
+    p.B = b3.data_ptr();
+    p.b_stride_k = b3.stride(1);
+    p.b_stride_n = b3.stride(2);
+    p.b_stride_l = L > 1 ? b3.stride(0) : 0;
+    p.D = d.data_ptr();
+    p.d_stride_m = d.stride(1);
+    p.d_stride_l = d.stride(0);
+    // The kernel reads the bias with a unit stride.
+    const at::Tensor bias_1 = !bias.has_value() ? at::Tensor() : (N == 1 || bias->stride(0) == 1) ? *bias : bias->contiguous();
+    p.bias = bias_1.defined() ? bias_1.data_ptr() : nullptr;
+    p.aux = aux ? z.data_ptr() : nullptr;
+    p.aux_stride_m = aux ? z.stride(1) : 0;
+    p.aux_stride_l = aux ? z.stride(0) : 0;
+    p.activation = int(activation);
+    p.alpha = extra.alpha;
+    p.device = a.device().index();
+    p.sm_count = sm_count(p.device);
+    check_launch(gemv->run(p, nullptr, current_stream(a.device())), op, gemv->name);
+    return deliver(d, z);
+  }
   const int64_t align = math == MathMode::kExactF32 ? 1 : 16 / int64_t(a.element_size());
   const int64_t Kp = round_up(K, align), Np = round_up(N, align);
   // No extended-K kernel writes a padded D: decide before any operand is copied, so that the

@@ -74,7 +74,7 @@ struct GemmKernelEntry {
   bool aux;            // epilogue also stores the pre-activation
   bool source;         // epilogue adds beta * C
   int arch;            // GEMM path: 90 (CUTLASS 3.x, Hopper), 80 (CUTLASS 2.x: Ampere, and exact fp32) or 0 (both)
-  const char* family;  // "sm90", "sm80", "simt", or "lowk" (hand-written, short K)
+  const char* family;  // "sm90", "sm80", "simt", "lowk" (hand-written, short K) or "gemv" (hand-written, few columns)
   const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
   int tile_m, tile_n;
   int cluster_size;  // CTAs per cluster (1 for kernels without clusters)
@@ -85,6 +85,22 @@ struct GemmKernelEntry {
   GemmRunFn run;
   GemmActiveClustersFn active_clusters;
 };
+
+// The few-column kernel (gemm/gemv_gemm.cuh) stages B in shared memory as fp32, one 16-byte
+// chunk of A's K (`vec` elements) at a time: a chunk holds vec rows of n_pow2 values (N rounded up
+// to a power of two), padded so that its stride in 16-byte units is odd (the chunks that eight
+// lanes read at once start in eight distinct bank groups). Both the kernel and the binding's
+// choice use these.
+constexpr int kGemvMaxN = 16;
+constexpr int64_t kGemvMaxSharedBytes = 72 * 1024;
+constexpr int gemv_chunk_stride(int vec, int n_pow2) {
+  return (vec * n_pow2 / 4) % 2 == 0 ? vec * n_pow2 + 4 : vec * n_pow2;
+}
+constexpr int gemv_n_pow2(int64_t N) { return N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : N <= 8 ? 8 : 16; }
+constexpr int64_t gemv_shared_bytes(int64_t K, int64_t N, int element_bytes) {
+  return (K + 16 / element_bytes - 1) / (16 / element_bytes) * gemv_chunk_stride(16 / element_bytes, gemv_n_pow2(N)) *
+         int64_t(sizeof(float));
+}
 
 // Entry points of a hand-written kernel; `Bundle` provides workspace_size(p) and run(p, workspace,
 // stream) (the CUTLASS instantiations use CUTLASS_EXT_DEFINE_GEMM of gemm/launcher.cuh).

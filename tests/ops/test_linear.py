@@ -186,7 +186,7 @@ def backward_work(device, run, monkeypatch):
         run()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel")
+    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel")
     gemms = sum(any(k in n for k in gemm_kernels) for n in names)
     act_grads = sum("act_grad_kernel" in n for n in names)
     # FillFunctor: the tests' CUTLASS_EXT_POISON_OUTPUTS NaN-fills every output before its kernel.
@@ -409,6 +409,8 @@ def _kernel_inputs(kernel, device):
     m, k, n = (37, 264, 392) if kernel.config.transposed else (304, 264, 392)
     if kernel.family == "lowk":
         k = 40  # K <= 64, not a multiple of its 16-deep MMA step
+    if kernel.family == "gemv":
+        n = 13  # N <= 16, not a power of two
     a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
     A = rand(m, k, device=device, dtype=dtype) if a_major == "k" else rand(k, m, device=device, dtype=dtype).t()
     B = make_b(k, n, "weight_t" if b_major == "k" else "kn", device, dtype)
@@ -694,7 +696,7 @@ NARROW_N_TILES = {16: "t64x16k128_pp", 32: "t64x32k128_pp", 64: "t64x64_pp", 128
 @requires_cuda
 @requires_sm90_path
 @pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
-                                   (20000, 512, 1), (3000, 2048, 64)])
+                                   (20000, 512, 17), (3000, 2048, 64)])
 def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     built = dict(cutlass_ext.build().kernels())
     if not all(f"sm90_bf16_kk_bias_act_{c}" in built for c in NARROW_N_TILES.values()):
@@ -974,3 +976,135 @@ def test_tf32_n_major_b_needs_no_copy(m):
     # Nothing else ran, in particular no copy of B (FillFunctor: the tests' NaN poisoning of
     # outputs; Memset: the split-K kernels' workspace flags).
     assert [n for n in names if not any(k in n for k in ("GemmUniversal", "FillFunctor", "Memset"))] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The hand-written few-column kernel (gemv: N <= 16, one dot product per output, unpadded operands)
+
+GEMV = "gemv_gemm_kernel"
+
+
+def _all_kernels_run(fn):
+    """(fn(), names of every CUDA kernel it launched but the tests' NaN poisoning fills)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return out, [n for n in names if "FillFunctor" not in n and "Memset" not in n]
+
+
+def _a_layout(m, k, layout, dtype):
+    if layout == "plain":
+        return rand(m, k, device="cuda", dtype=dtype)
+    if layout == "offset":  # rows of k elements at a row stride of k + 3, starting one element in
+        return rand(m, k + 3, device="cuda", dtype=dtype)[:, 1:k + 1]
+    return rand(2 * m, k, device="cuda", dtype=dtype)[::2]  # "rows": every other row
+
+
+def _b_layout(k, n, layout, dtype):
+    if layout == "strided":  # neither dimension contiguous
+        return make_b(k, 2 * n, "kn", "cuda", dtype)[:, ::2]
+    return make_b(k, n, layout, "cuda", dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+@pytest.mark.parametrize("m,k,n", [(1, 256, 1), (37, 13, 3), (300, 264, 1), (4099, 64, 16), (1000, 1000, 13),
+                                   (513, 7, 8), (64, 1, 2), (300, 2048, 4), (3, 12000, 1)])
+def test_gemv_kernel(dtype_name, m, k, n):
+    dtype = DTYPES[dtype_name]
+    A = rand(m, k, device="cuda", dtype=dtype)
+    B = make_b(k, n, "weight_t", "cuda", dtype)
+    bias = rand(n, device="cuda", dtype=dtype)
+    with fp32_precision(dtype_name):
+        (y, aux), names = _all_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True, "gemv_n16"))
+        peer_z = peer_linear(A, B, bias, "none")
+    # One launch: no padded copies of A, B, the bias or the output.
+    assert len(names) == 1 and GEMV in names[0], names
+    assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, dtype_name, what="aux")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), dtype_name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+@pytest.mark.parametrize("a_layout", ["offset", "rows"])
+@pytest.mark.parametrize("b_layout", ["kn", "strided"])
+@pytest.mark.parametrize("k", [13, 64, 257])
+def test_gemv_kernel_reads_views_in_place(dtype_name, a_layout, b_layout, k):
+    dtype = DTYPES[dtype_name]
+    A = _a_layout(203, k, a_layout, dtype)
+    B = _b_layout(k, 3, b_layout, dtype)
+    bias = rand(6, device="cuda", dtype=dtype)[::2]  # a strided bias is copied (3 elements), nothing else
+    with fp32_precision(dtype_name):
+        y, names = _all_kernels_run(lambda: cutlass_ext.linear(A, B, bias, relu=True))
+        peer = peer_linear(A, B, bias, "relu")
+    assert sum(GEMV in n for n in names) == 1 and len(names) <= 2, names
+    assert_close_to_reference(y, ref_linear(A, B, bias, "relu"), peer, dtype_name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["fp16", "tf32"])
+@pytest.mark.parametrize("shared_b", [False, True])
+def test_gemv_kernel_batched(dtype_name, shared_b):
+    dtype = DTYPES[dtype_name]
+    A = rand(3, 130, 72, device="cuda", dtype=dtype)
+    B = make_b(72, 4, "kn", "cuda", dtype)
+    B = B.expand(3, 72, 4) if shared_b else torch.stack([B, 2 * B, -B])
+    with fp32_precision(dtype_name):
+        y, names = _all_kernels_run(lambda: cutlass_ext.matmul(A, B))
+        peer = torch.matmul(A, B)
+    assert len(names) == 1 and GEMV in names[0], names
+    assert_close_to_reference(y, A.double() @ B.double(), peer, dtype_name)
+
+
+@requires_cuda
+def test_gemv_kernel_gradients():
+    # A 256 -> 1 layer in training: the forward on the few-column kernel, the backward's GEMMs
+    # on the others; gradients against float64.
+    A = rand(777, 256, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    W = rand(1, 256, device="cuda", dtype=torch.bfloat16, scale=1 / 16).requires_grad_()
+    bias = rand(1, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    dy = rand(777, 1, device="cuda", dtype=torch.bfloat16)
+    y = cutlass_ext.linear(A, W.t(), bias, activation="silu")
+    y.backward(dy)
+    A64, W64, b64 = (t.detach().double().requires_grad_() for t in (A, W, bias))
+    y64 = F.silu(A64 @ W64.t() + b64)
+    y64.backward(dy.double())
+    Ap, Wp, bp = (t.detach().clone().requires_grad_() for t in (A, W, bias))
+    F.silu(F.linear(Ap, Wp, bp)).backward(dy)
+    assert_close_to_reference(y, y64, F.silu(F.linear(Ap, Wp, bp)), "bf16")
+    for ours, ref, peer, what in ((A.grad, A64.grad, Ap.grad, "dA"), (W.grad, W64.grad, Wp.grad, "dW"),
+                                  (bias.grad, b64.grad, bp.grad, "dbias")):
+        assert_close_to_reference(ours, ref, peer, "bf16", what=what)
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,k,n,expected", [(20000, 512, 1, True), (2048, 4096, 1, True), (65536, 64, 4, True),
+                                            (2048, 1024, 3, True), (2048, 2048, 4, False), (8192, 2048, 4, True),
+                                            (65536, 64, 8, False), (2048, 256, 16, False)])
+def test_gemv_heuristic(m, k, n, expected):
+    # N <= 4; beyond K = 1024 (N > 1) only with a 32-row tile per SM.
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    _, names = _all_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
+    assert any(GEMV in n for n in names) == expected, names
+
+
+@requires_cuda
+def test_gemv_config_rejects_what_it_cannot_run():
+    A = rand(64, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="config 'gemv_n16' takes N <= 16"):
+        cutlass_ext.linear(A, rand(32, 17, device="cuda", dtype=torch.bfloat16), config="gemv_n16")
+    with pytest.raises(RuntimeError, match="a K-major A"):
+        cutlass_ext.linear(rand(32, 64, device="cuda", dtype=torch.bfloat16).t(),
+                           rand(32, 4, device="cuda", dtype=torch.bfloat16), config="gemv_n16")
+    # Forced where the heuristic would not take it: still correct.
+    A = rand(100, 4096, device="cuda", dtype=torch.bfloat16)
+    B = make_b(4096, 16, "weight_t", "cuda", torch.bfloat16)
+    with pytest.raises(RuntimeError, match="72 KB"):
+        cutlass_ext.linear(A, B, config="gemv_n16")
+    A = rand(100, 2048, device="cuda", dtype=torch.bfloat16)
+    B = make_b(2048, 8, "weight_t", "cuda", torch.bfloat16)
+    y, names = _all_kernels_run(lambda: cutlass_ext.linear(A, B, config="gemv_n16"))
+    assert len(names) == 1 and GEMV in names[0], names
+    assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "bf16")
