@@ -147,6 +147,11 @@ constexpr int64_t kTransposedMinTiles = 8;
 // transposed product puts the columns in one to four 64-row tiles (select_kernel).
 constexpr int64_t kNarrowNMaxN = 256;
 constexpr int64_t kNarrowNMaxK = 1024;
+// Up to 16 columns the rule holds to K = 4096 (bench/gemm_configs.py --set fewcols, H200): at
+// 65536 x 4096 -> 8 the 64x128 transposed tile took 153 us where the default 128-wide tiles took
+// 294, at 2048 x 4096 -> 16 the 64x16 one 19.5 us against 36.4.
+constexpr int64_t kNarrowNFewColumnsMaxN = 16;
+constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
 constexpr int64_t kLowKMaxK = 64;
@@ -230,8 +235,10 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // bench/gemm_configs.py --set dlrm, bench/NOTES.md section 16): 65536 x 64 -> 16 34.6 -> 15.6 us,
   // 65536 x 256 -> 64 39.3 -> 22.0, 2048 x 256 -> 64 30.8 -> 10.4, 2048 x 512 -> 256 20.6 -> 9.2;
   // on the set's narrow shapes 1.03x the best built config (geomean), at most 1.11x. Longer K
-  // (weight gradients over many rows) keeps the rules below.
-  if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= kNarrowNMaxK && !with_extk_twin) {
+  // (weight gradients over many rows) keeps the rules below, but up to 16 columns the rule holds
+  // to K = 4096 (above).
+  const int64_t narrow_max_k = N <= kNarrowNFewColumnsMaxN ? kNarrowNFewColumnsMaxK : kNarrowNMaxK;
+  if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= narrow_max_k && !with_extk_twin) {
     const GemmKernelEntry* widest = nullptr;
     const GemmKernelEntry* narrowest = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
@@ -389,17 +396,16 @@ GemmOptions gemm_options() {
 // and the bias where they are (any alignment, any strides of B) and writes D unpadded, or nullptr
 // for the other kernels. It needs a K-major A (a unit stride along K), no C source and no second
 // product, and B must fit its shared memory (N <= 16). Unforced it takes N <= 4, measured on an
-// H200 (bf16, bench/gemm_configs.py --set fewcols): 1.05-1.4x cuBLASLt from 8192 rows and ahead
-// of every CUTLASS tile; at N = 8 and 16 the transposed tensor-core tiles were faster (it reads 8-16
-// bytes of B from shared memory per element of A there). For N > 1 with K > 1024 it also needs
-// one 32-row tile per SM: 2048 x 4096 -> 4 took 32.2 us against 29.5 for the 64x64 tile.
-// The config override forces it (an error where it cannot run) or excludes it.
+// H200 (bf16, bench/gemm_configs.py --set fewcols, bench/results/gemm_configs-fewcols-bf16.json):
+// 1.07-1.41x cuBLASLt from 2048 rows at K <= 1024 and from 65536 rows at every K, ahead of every
+// CUTLASS tile but at 2048 x 4096 -> 4 (31.6 us against 30.2 for the 64x64 transposed tile); at
+// N = 8 and 16 the transposed tensor-core tiles were faster (it reads 8-16 bytes of B from shared
+// memory per element of A there). The config override forces it (an error where it cannot run)
+// or excludes it.
 constexpr int64_t kGemvChosenMaxN = 4;
-constexpr int64_t kGemvShortK = 1024;
-constexpr int64_t kGemvTileRows = 32;
 
 const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
-                                         bool with_c_or_a2, const std::string& config, int sms) {
+                                         bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2), N = b3.size(2);
   if (config.empty() && N > kGemvChosenMaxN) return nullptr;  // most calls: no table walk
   const Major b_major = (b3.stride(1) == 1 || K == 1) ? Major::kK : Major::kMN;
@@ -417,8 +423,7 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
            " KB of shared memory as fp32; this product is ", a3.size(1), " x ", K, " -> ", N, " with A strides ",
            a3.strides());
   if (forced) return entry;
-  const int64_t rows = a3.size(0) * a3.size(1);
-  return runs && N <= kGemvChosenMaxN && (N == 1 || K <= kGemvShortK || rows >= kGemvTileRows * sms) ? entry : nullptr;
+  return runs && N <= kGemvChosenMaxN ? entry : nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -510,8 +515,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   }
 
   const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
-  if (const GemmKernelEntry* gemv = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config,
-                                                             sm_count(a.device().index()))) {
+  if (const GemmKernelEntry* gemv = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config)) {
     // D straight into extra.out when its columns are adjacent (the kernel's only requirement).
     at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);
     at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
