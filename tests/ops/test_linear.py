@@ -286,10 +286,10 @@ def test_act_grad_is_deterministic(device):
 # torch.library.opcheck, torch.compile, CUDA graphs, streams
 
 
-def _opcheck_inputs(device):
+def _opcheck_inputs(device, n=32):
     A = rand(2, 24, 40, device=device, dtype=torch.bfloat16).requires_grad_()
-    B = make_b(40, 32, "weight_t", device, torch.bfloat16).detach().requires_grad_()
-    bias = rand(32, device=device, dtype=torch.bfloat16).requires_grad_()
+    B = make_b(40, n, "weight_t", device, torch.bfloat16).detach().requires_grad_()
+    bias = rand(n, device=device, dtype=torch.bfloat16).requires_grad_()
     return A, B, bias
 
 
@@ -330,10 +330,10 @@ def _compile_backend(device):
     return "inductor" if device == "cuda" else "aot_eager"
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu"])
-def test_compile_fullgraph(device, act):
+@pytest.mark.parametrize("act,n", [("relu", 32), ("gelu", 32), ("gelu", 3)])  # n = 3: the few-column kernel
+def test_compile_fullgraph(device, act, n):
     torch._dynamo.reset()
-    A, B, bias = _opcheck_inputs(device)
+    A, B, bias = _opcheck_inputs(device, n)
 
     def step(a, w, b):
         h = cutlass_ext.linear(a, w.t(), b, activation=act)
@@ -354,10 +354,11 @@ def test_compile_fullgraph(device, act):
 
 
 @requires_cuda
-def test_cuda_graph_capture_forward():
+@pytest.mark.parametrize("n", [192, 1])  # 1: the few-column kernel
+def test_cuda_graph_capture_forward(n):
     A = rand(256, 128, device="cuda", dtype=torch.bfloat16)
-    W = rand(192, 128, device="cuda", dtype=torch.bfloat16)
-    bias = rand(192, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, 128, device="cuda", dtype=torch.bfloat16)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
     graph, out = capture_cuda_graph(lambda: cutlass_ext.linear(A, W.t(), bias, activation="gelu"))
     for _ in range(2):
         A.copy_(torch.randn_like(A))
@@ -367,9 +368,9 @@ def test_cuda_graph_capture_forward():
 
 
 @requires_cuda
-@pytest.mark.parametrize("act", ["relu", "gelu"])
-def test_cuda_graph_training_step(act):
-    layer = cutlass_ext.FusedLinear(128, 64, activation=act, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("act,out_features", [("relu", 64), ("gelu", 64), ("gelu", 1)])  # 1: the few-column kernel
+def test_cuda_graph_training_step(act, out_features):
+    layer = cutlass_ext.FusedLinear(128, out_features, activation=act, device="cuda", dtype=torch.bfloat16)
     x = rand(512, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
     graphed = torch.cuda.make_graphed_callables(layer, (x,))
     x2 = rand(512, 128, device="cuda", dtype=torch.bfloat16).requires_grad_()
