@@ -35,13 +35,6 @@ constexpr int64_t kSplitChunkAlign = 256;  // chunk starts stay multiples of eve
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-
-int pow2_at_least(int64_t n) {
-  int p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Softmax arithmetic. A row's exponentials are taken against shift(max): the max itself, or 0
 // when the max is -inf (an all -inf row, whose exponentials are then all 0 and whose sum is 0,
@@ -92,13 +85,13 @@ struct BlockReduce {
 // of the group reads one contiguous stretch. A thread of an inactive row passes cols = 0: it
 // stores nothing (and the forward loads nothing) but still takes part in the group's reductions.
 
-// The backward loads every 16-byte pack of dy and y before any is used, packs past the row's end (or of
-// an inactive row) from column 0 of the row pointer, which is always in bounds: with each load
-// inside its own `col < cols` branch, the compiler issued a pack's loads only after the previous
-// pack's values were used, one memory round trip per pack. Measured on an H200 (bench/NOTES.md
-// section 17): 32768 x 1024 bf16 and fp16 backward 1.03-1.04x faster. The forward was not: the
-// same loads left its time unchanged in bf16 and made fp32 up to 11% slower, so it keeps its
-// loads in the branches.
+// The backward loads every 16-byte pack of dy and y before any is used, packs past the row's end
+// (or of an inactive row) from column 0 of the row pointer, which is always in bounds: with each
+// load inside its own `col < cols` branch, the compiler issued a pack's loads only after the
+// previous pack's values were used, one memory round trip per pack. Measured on an H200
+// (bench/NOTES.md section 17): 32768 x 1024 bf16 and fp16 backward 1.03-1.04x faster. The forward
+// was not: the same loads left its time unchanged in bf16 and made fp32 up to 11% slower, so it
+// keeps its loads in the branches.
 template <class T, int kVec, int kPacks>
 __device__ __forceinline__ void load_row_packs(const T* src, int lane, int lanes, int64_t cols,
                                                Pack<T, kVec> (&packs)[kPacks]) {
