@@ -397,11 +397,11 @@ GemmOptions gemm_options() {
 // for the other kernels. It needs a K-major A (a unit stride along K), no C source and no second
 // product, and B must fit its shared memory (N <= 16). Unforced it takes N <= 4, measured on an
 // H200 (bf16, bench/gemm_configs.py --set fewcols, bench/results/gemm_configs-fewcols-bf16.json):
-// 1.07-1.41x cuBLASLt from 2048 rows at K <= 1024 and from 65536 rows at every K, ahead of every
-// CUTLASS tile but at 2048 x 4096 -> 4 (31.6 us against 30.2 for the 64x64 transposed tile); at
-// N = 8 and 16 the transposed tensor-core tiles were faster (it reads 8-16 bytes of B from shared
-// memory per element of A there). The config override forces it (an error where it cannot run)
-// or excludes it.
+// 1.04-1.39x cuBLASLt at 65536 rows and at 2048 rows with K = 256-1024 (0.91x at 2048 x 64 -> 4,
+// launch-bound; 0.76-0.97x at 2048 x 4096, half the SMs without a tile), ahead of every CUTLASS
+// tile but at 2048 x 4096 -> 4 (31.6 us against 30.2 for the 64x64 transposed tile); at N = 8 and
+// 16 the transposed tensor-core tiles were faster (it reads 8-16 bytes of B from shared memory per
+// element of A there). The config override forces it (an error where it cannot run) or excludes it.
 constexpr int64_t kGemvChosenMaxN = 4;
 
 const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
@@ -422,8 +422,7 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
            ", a K-major A (unit stride along K), no C source and B small enough for ", kGemvMaxSharedBytes / 1024,
            " KB of shared memory as fp32; this product is ", a3.size(1), " x ", K, " -> ", N, " with A strides ",
            a3.strides());
-  if (forced) return entry;
-  return runs && N <= kGemvChosenMaxN ? entry : nullptr;
+  return runs ? entry : nullptr;  // forced, or unforced with N <= kGemvChosenMaxN (above)
 }
 
 // ---------------------------------------------------------------------------------------------
