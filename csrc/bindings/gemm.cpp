@@ -160,6 +160,11 @@ constexpr int64_t kLowKLongMaxRows = 8192;
 
 bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") == 0; }
 
+// Whether the short-K kernel is the heuristic's choice for a product of depth K over M x L rows.
+bool lowk_takes(int64_t K, int64_t M, int64_t L) {
+  return K <= kLowKPreferredMaxK || (K <= kLowKMaxK && M * L <= kLowKLongMaxRows);
+}
+
 // Whether a kernel can run a product of depth K.
 bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
 
@@ -207,7 +212,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   }
   // A short K makes the product a stream over C and D: the hand-written kernel's case.
   for (const GemmKernelEntry* e : candidates) {
-    if (is_lowk(*e) && (K <= kLowKPreferredMaxK || (K <= kLowKMaxK && M * L <= kLowKLongMaxRows))) return e;
+    if (is_lowk(*e) && lowk_takes(K, M, L)) return e;
   }
   std::vector<const GemmKernelEntry*> cutlass;
   for (const GemmKernelEntry* e : candidates) {
@@ -553,8 +558,63 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   // fallback's own call is the only one that pads.
   if (has_a2 && Np != N) return without_a2();
 
-  // Copies of an operand, K-major and padded to (Kp, Np), which every build can read.
+  // A short K with operands that would be copied (K or a row stride not a multiple of 16 bytes:
+  // a 13-feature input layer, the K = 1 product of a one-column layer's backward): the short-K
+  // kernel reads them element by element where they are (gemm/lowk_gemm.cuh), so the call is one
+  // launch. Its epilogue still needs 16-byte pieces: N a multiple of 8, aligned C and output.
   MatrixView va, vb;
+  const bool unaligned_operands = Kp != K || !as_matrix(a3, align, va) || !as_matrix(b3, align, vb);
+  if (unaligned_operands && math == MathMode::kTensorOp && a.element_size() == 2 && !has_a2 && Np == N &&
+      lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
+    const int arch = gemm_arch_for(opts, a.device().index());
+    const Major ma = (a3.stride(2) == 1 || K == 1) ? Major::kK : Major::kMN;
+    const Major mb = (b3.stride(1) == 1 || K == 1) ? Major::kK : Major::kMN;
+    const GemmKernelEntry* lowk = nullptr;
+    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, ma, mb, aux, c3.defined(), false)) {
+      if (is_lowk(*e) && (opts.config.empty() || opts.config == e->config)) lowk = e;
+    }
+    if (lowk != nullptr) {
+      const bool direct = out3.defined() && epilogue_readable(out3, align);
+      at::Tensor d = direct ? out3 : new_output({L, M, N}, options);
+      at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
+      at::Tensor bias_k;
+      if (bias.has_value()) bias_k = (bias->stride(0) == 1 && aligned16(bias->data_ptr())) ? *bias : bias->clone();
+      GemmParams p;
+      p.M = int(M);
+      p.N = int(N);
+      p.K = int(K);
+      p.L = int(L);
+      p.A = a3.data_ptr();
+      p.a_stride_m = a3.stride(1);
+      p.a_stride_k = a3.stride(2);
+      p.a_stride_l = a3.stride(0);
+      p.B = b3.data_ptr();
+      p.b_stride_k = b3.stride(1);
+      p.b_stride_n = b3.stride(2);
+      p.b_stride_l = L > 1 ? b3.stride(0) : 0;
+      p.D = d.data_ptr();
+      p.d_stride_m = M > 1 ? d.stride(1) : N;
+      p.d_stride_l = L > 1 ? d.stride(0) : M * N;
+      if (c3.defined()) {
+        p.C = c3.data_ptr();
+        p.c_stride_m = M > 1 ? c3.stride(1) : N;
+        p.c_stride_l = L > 1 ? c3.stride(0) : M * N;
+        p.beta = 1.f;
+      }
+      p.bias = bias_k.defined() ? bias_k.data_ptr() : nullptr;
+      p.aux = aux ? z.data_ptr() : nullptr;
+      p.aux_stride_m = N;
+      p.aux_stride_l = M * N;
+      p.activation = int(activation);
+      p.alpha = extra.alpha;
+      p.device = a.device().index();
+      p.sm_count = sm_count(p.device);
+      check_launch(lowk->run(p, nullptr, current_stream(a.device())), op, lowk->name);
+      return deliver(d, z);
+    }
+  }
+
+  // Copies of an operand, K-major and padded to (Kp, Np), which every build can read.
   auto copy_a_k_major = [&] {
     a3 = padded_copy(a3, M, Kp);
     CE_CHECK(as_matrix(a3, align, va), op, ": internal error: K-major copy of A is not readable");

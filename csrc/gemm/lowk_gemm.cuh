@@ -84,11 +84,23 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row, b
 
 // Starts copying an operand tile of kLines lines (rows of A, columns of B) by k_pad into shared
 // memory in its own layout: K-major as [line][k] (kKRow a row), else [k][line] (kLineRow a
-// row). Lines from `valid_lines` on and k from K on are zero. K is a multiple of kVec, and so
-// is valid_lines for an MN-major tile (run() checks), so every 16-byte piece is all in or all out.
-template <class T, int kLines, int kLineRow>
+// row). Lines from `valid_lines` on and k from K on are zero. With `vector`, K is a multiple of
+// kVec, and so is valid_lines for an MN-major tile (run() checks), so every 16-byte piece is all
+// in or all out. Without it (K or a stride not a multiple of 16 bytes: a 13-feature input layer,
+// the K = 1 product of a one-column layer's backward) the tile is copied element by element
+// with plain loads, which the same wait and barrier as the asynchronous copies make visible.
+template <class T, int kLines, int kLineRow, bool kElementwise>
 __device__ __forceinline__ void copy_operand(T* dst, const T* src, int64_t stride_line, int64_t stride_k,
-                                             bool k_major, int valid_lines, int K, int k_pad) {
+                                             bool k_major, bool vector, int valid_lines, int K, int k_pad) {
+  if (kElementwise && !vector) {
+    for (int i = threadIdx.x; i < kLines * k_pad; i += kThreads) {
+      const int line = k_major ? i / k_pad : i % kLines;
+      const int k = k_major ? i % k_pad : i / kLines;
+      const T v = (line < valid_lines && k < K) ? src[line * stride_line + k * stride_k] : T(0.f);
+      dst[k_major ? line * kKRow + k : k * kLineRow + line] = v;
+    }
+    return;
+  }
   if (k_major) {
     const int chunks = k_pad / kVec;
     for (int i = threadIdx.x; i < kLines * chunks; i += kThreads) {
@@ -124,9 +136,11 @@ struct TileCursor {
 
 // kAct: the activation, a template parameter so that each instantiation inlines only its own
 // (a run-time switch over all of them, unrolled over the epilogue, overflowed the instruction
-// cache: 36% of the stalls on an H200).
-template <class T, int kAct>
-__global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major) {
+// cache: 36% of the stalls on an H200). kElementwise: an operand is copied element by element
+// (its own instantiation: compiled into every kernel, that path made ptxas spill at 80 registers).
+template <class T, int kAct, bool kElementwise>
+__global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major,
+                                                                bool a_vector, bool b_vector) {
   extern __shared__ __align__(16) unsigned char shared[];
   auto staged = reinterpret_cast<float (*)[kAccRow]>(shared);
   T* const b_tile = reinterpret_cast<T*>(shared + kBOffset);
@@ -154,8 +168,8 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
     const int64_t l = at.l;
     const int m0 = at.m_tile * kTileM, n0 = at.n_tile * kTileN;
     const T* A = static_cast<const T*>(p.A) + l * p.a_stride_l + int64_t(m0) * p.a_stride_m;
-    copy_operand<T, kTileM, kARow>(a_tiles + buf * kAElems, A, p.a_stride_m, p.a_stride_k, a_k_major, p.M - m0,
-                                   p.K, k_pad);
+    copy_operand<T, kTileM, kARow, kElementwise>(a_tiles + buf * kAElems, A, p.a_stride_m, p.a_stride_k, a_k_major, a_vector,
+                                   p.M - m0, p.K, k_pad);
     if (C != nullptr && e_col < p.N - n0) {
       const T* c_row = C + l * p.c_stride_l + int64_t(m0 + e_row) * p.c_stride_m + n0 + e_col;
       T* c_dst = c_tiles + buf * kCElems + e_row * kTileN + e_col;
@@ -170,7 +184,8 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   };
   auto copy_b = [&](int64_t l, int n0) {
     const T* B = static_cast<const T*>(p.B) + l * p.b_stride_l + int64_t(n0) * p.b_stride_n;
-    copy_operand<T, kTileN, kBRow>(b_tile, B, p.b_stride_n, p.b_stride_k, b_k_major, p.N - n0, p.K, k_pad);
+    copy_operand<T, kTileN, kBRow, kElementwise>(b_tile, B, p.b_stride_n, p.b_stride_k, b_k_major, b_vector, p.N - n0, p.K,
+                                   k_pad);
   };
 
   int b_l = tile.l, b_n0 = tile.n_tile * kTileN;
@@ -285,16 +300,17 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   }
 }
 
-// Blocks of lowk_gemm_kernel<T, kAct> that fit one SM of `device` with `smem` bytes of dynamic
-// shared memory, asked once per kernel, shared-memory size and device.
-template <class T, int kAct>
+// Blocks of lowk_gemm_kernel<T, kAct, kElementwise> that fit one SM of `device` with `smem` bytes
+// of dynamic shared memory, asked once per kernel, shared-memory size and device.
+template <class T, int kAct, bool kElementwise>
 int resident_blocks(bool with_c, int smem, int device) {
   static std::array<std::array<std::atomic<int>, 2>, 64> cache{};
   if (device < 0 || device >= int(cache.size())) return 1;
   std::atomic<int>& slot = cache[device][with_c ? 1 : 0];
   int blocks = slot.load(std::memory_order_relaxed);
   if (blocks == 0) {
-    blocks = resident_blocks_per_sm(reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct>), kThreads, smem);
+    blocks = resident_blocks_per_sm(reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kElementwise>), kThreads,
+                                    smem);
     if (blocks < 1) return 1;  // not cached: asked again next time
     slot.store(blocks, std::memory_order_relaxed);
   }
@@ -310,37 +326,49 @@ struct GemmBundle {
 
   static LaunchResult run(GemmParams const& p, void*, cudaStream_t stream) {
     if (p.K > kMaxK) return {"can_implement", "the short-K GEMM takes K <= 64"};
-    // Operand, C and D accesses are 16-byte vectors along the contiguous dimension.
-    const bool a_k_major = p.a_stride_k == 1, b_k_major = p.b_stride_k == 1;
     auto ok = [](int64_t s) { return s % kVec == 0; };
-    const bool aligned = aligned16(p.A) && aligned16(p.B) && aligned16(p.D) && p.N % kVec == 0 &&
-                         p.K % kVec == 0 && ok(a_k_major ? p.a_stride_m : p.a_stride_k) &&
-                         ok(b_k_major ? p.b_stride_n : p.b_stride_k) && (a_k_major || p.M % kVec == 0) &&
-                         ok(p.d_stride_m) && (p.C == nullptr || (aligned16(p.C) && ok(p.c_stride_m))) &&
-                         (p.aux == nullptr || (aligned16(p.aux) && ok(p.aux_stride_m))) &&
-                         (p.bias == nullptr || aligned16(p.bias)) &&
-                         (p.L == 1 || (ok(p.a_stride_l) && ok(p.b_stride_l) && ok(p.d_stride_l) &&
-                                       (p.C == nullptr || ok(p.c_stride_l)) && (p.aux == nullptr || ok(p.aux_stride_l))));
-    if (!aligned) return {"can_implement", "the short-K GEMM needs 16-byte aligned operands and rows"};
-    if (!(a_k_major || p.a_stride_m == 1) || !(b_k_major || p.b_stride_n == 1)) {
-      return {"can_implement", "the short-K GEMM needs a unit stride in each operand"};
-    }
+    // C, D, Aux and the bias are read and written in 16-byte pieces.
+    const bool epilogue_aligned =
+        aligned16(p.D) && p.N % kVec == 0 && ok(p.d_stride_m) && (p.C == nullptr || (aligned16(p.C) && ok(p.c_stride_m))) &&
+        (p.aux == nullptr || (aligned16(p.aux) && ok(p.aux_stride_m))) && (p.bias == nullptr || aligned16(p.bias)) &&
+        (p.L == 1 || (ok(p.d_stride_l) && (p.C == nullptr || ok(p.c_stride_l)) && (p.aux == nullptr || ok(p.aux_stride_l))));
+    if (!epilogue_aligned) return {"can_implement", "the short-K GEMM needs 16-byte aligned C, D, Aux, bias and rows"};
+    // Operands are copied in 16-byte pieces along their unit stride where they allow it, else
+    // element by element (copy_operand). A depth-1 operand counts as K-major.
+    const bool a_k_major = p.a_stride_k == 1 || p.K == 1, b_k_major = p.b_stride_k == 1 || p.K == 1;
+    const bool a_vector = aligned16(p.A) && (p.L == 1 || ok(p.a_stride_l)) &&
+                          (a_k_major ? p.a_stride_k == 1 && p.K % kVec == 0 && ok(p.a_stride_m)
+                                     : p.a_stride_m == 1 && p.M % kVec == 0 && ok(p.a_stride_k));
+    const bool b_vector = aligned16(p.B) && (p.L == 1 || ok(p.b_stride_l)) &&
+                          (b_k_major ? p.b_stride_k == 1 && p.K % kVec == 0 && ok(p.b_stride_n)
+                                     : p.b_stride_n == 1 && p.N % kVec == 0 && ok(p.b_stride_k));
     const int64_t tiles = int64_t((p.M + kTileM - 1) / kTileM) * ((p.N + kTileN - 1) / kTileN) * p.L;
     if (tiles == 0) return {};
     const bool with_c = p.C != nullptr;
     const int smem = with_c ? kSharedBytesWithC : kSharedBytesNoC;
     LaunchResult result;
-    dispatch_activation(p.activation, [&](auto act) {
+    auto launch = [&](auto act, auto elementwise) {
       constexpr int kAct = decltype(act)::value;
-      const cudaError_t err = allow_large_dynamic_shared(reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct>), p.device);
+      constexpr bool kElementwise = decltype(elementwise)::value;
+      const void* kernel = reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kElementwise>);
+      const cudaError_t err = allow_large_dynamic_shared(kernel, p.device);
       if (err != cudaSuccess) {
         result = {"initialize", cudaGetErrorString(err)};
         return;
       }
       // Persistent blocks: one wave, each walking its share of the tiles.
-      const int64_t slots = int64_t(std::max(p.sm_count, 1)) * resident_blocks<T, kAct>(with_c, smem, p.device);
+      const int64_t slots =
+          int64_t(std::max(p.sm_count, 1)) * resident_blocks<T, kAct, kElementwise>(with_c, smem, p.device);
       const unsigned blocks = unsigned(std::min(tiles, slots));
-      lowk_gemm_kernel<T, kAct><<<blocks, kThreads, smem, stream>>>(p, a_k_major, b_k_major);
+      lowk_gemm_kernel<T, kAct, kElementwise>
+          <<<blocks, kThreads, smem, stream>>>(p, a_k_major, b_k_major, a_vector, b_vector);
+    };
+    dispatch_activation(p.activation, [&](auto act) {
+      if (a_vector && b_vector) {
+        launch(act, std::false_type{});
+      } else {
+        launch(act, std::true_type{});
+      }
     });
     if (!result.ok()) return result;
     const cudaError_t err = cudaGetLastError();

@@ -1110,3 +1110,28 @@ def test_gemv_config_rejects_what_it_cannot_run():
     y, names = _all_kernels_run(lambda: cutlass_ext.linear(A, B, config="gemv_n16"))
     assert len(names) == 1 and GEMV in names[0], names
     assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "bf16")
+
+
+# The short-K kernel on operands that would otherwise be copied (K or a stride not a multiple of
+# 16 bytes): read element by element, one launch.
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+@pytest.mark.parametrize("m,k,n", [(2048, 13, 512), (300, 1, 256), (4099, 7, 64), (8192, 33, 128)])
+@pytest.mark.parametrize("a_layout", ["plain", "offset", "m_major"])
+def test_lowk_kernel_reads_unaligned_operands(dtype_name, m, k, n, a_layout):
+    dtype = DTYPES[dtype_name]
+    if a_layout == "m_major":  # M-major A with an odd M: no 16-byte pieces along M either
+        A = rand(k, m + 1, device="cuda", dtype=dtype)[:, 1:].t()
+    else:
+        A = _a_layout(m, k, a_layout, dtype)
+    B = make_b(k, n, "weight_t", "cuda", dtype)  # K-major rows of k elements
+    bias = rand(n, device="cuda", dtype=dtype)
+    aux_wanted = a_layout != "m_major"  # the aux epilogue is built for a K-major A
+    (y, aux), names = _all_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", aux_wanted))
+    assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
+    peer_z = peer_linear(A, B, bias, "none")
+    if aux_wanted:
+        assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, dtype_name, what="aux")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), dtype_name)
