@@ -43,12 +43,20 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float shift_of(float row_max) { return row_max == -INFINITY ? 0.f : row_max; }
 
-__device__ __forceinline__ float exp_shifted(float z, float shift) { return exp2f((z - shift) * kLog2e); }
+// 2^x without exp2f's handling of subnormal arguments and results (three instructions around the
+// MUFU one on sm_90): results below 2^-126, probabilities under 1.2e-38, become zero.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float exp_shifted(float z, float shift) { return ex2_ftz((z - shift) * kLog2e); }
 
 // A sum taken against shift(old_max), re-expressed against shift(new_max), new_max >= old_max.
 // A part that saw only -inf holds 0 (or NaN) and keeps it: s * 0, never 0 * exp(+huge).
 __device__ __forceinline__ float rescale(float sum, float old_max, float new_max) {
-  return old_max == -INFINITY ? sum * 0.f : sum * exp2f((old_max - shift_of(new_max)) * kLog2e);
+  return old_max == -INFINITY ? sum * 0.f : sum * ex2_ftz((old_max - shift_of(new_max)) * kLog2e);
 }
 
 __device__ __forceinline__ float inverse_or_zero(float sum) { return sum == 0.f ? 0.f : 1.f / sum; }
@@ -102,9 +110,14 @@ __device__ __forceinline__ void load_row_packs(const T* src, int lane, int lanes
   }
 }
 
+// In base 2: the row max of x * scale * log2(e), then 2^(x * scale * log2(e) - max) as one fused
+// multiply-add and one MUFU instruction an element (the natural-base form took a multiply, a
+// subtract and a multiply around exp2f). The max's own rounding shifts every exponent alike,
+// which the normalization cancels.
 template <class T, int kVec, int kPacks, class Reduce>
 __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int lane, int lanes, int64_t cols,
                                                          float scale, Reduce const& reduce) {
+  const float scale2 = scale * kLog2e;
   float v[kPacks][kVec];
   float m = -INFINITY;
 #pragma unroll
@@ -113,23 +126,19 @@ __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int l
     if (col < cols) {
       load_vec<T, kVec>(x + col, v[k]);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        v[k][i] *= scale;
-        m = fmaxf(m, v[k][i]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[k][i] = -INFINITY;
+      for (int i = 0; i < kVec; ++i) m = fmaxf(m, v[k][i] * scale2);
     }
   }
   const float shift = shift_of(reduce.max(m));
   float s = 0.f;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
+    if ((int64_t(k) * lanes + lane) * kVec < cols) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      v[k][i] = exp_shifted(v[k][i], shift);
-      s += v[k][i];
+      for (int i = 0; i < kVec; ++i) {
+        v[k][i] = ex2_ftz(fmaf(v[k][i], scale2, -shift));
+        s += v[k][i];
+      }
     }
   }
   const float inv = inverse_or_zero(reduce.sum(s));
