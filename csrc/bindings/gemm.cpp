@@ -518,11 +518,10 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     return deliver(d, z);
   }
 
-  const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
-  if (const GemmKernelEntry* gemv = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config)) {
-    // D straight into extra.out when its columns are adjacent (the kernel's only requirement).
-    at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);
-    at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
+  // Parameters of a launch on the operands where they are (the few-column and the short-K kernels
+  // read any strides): D and Aux [L, M, N] with adjacent columns, the bias with a unit stride. A
+  // depth-1 operand counts as K-major, whatever its stride along K.
+  auto unpadded_params = [&](const at::Tensor& d, const at::Tensor& z, const at::Tensor& bias_1) {
     GemmParams p;
     p.M = int(M);
     p.N = int(N);
@@ -533,22 +532,31 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     p.a_stride_k = K == 1 ? 1 : a3.stride(2);
     p.a_stride_l = a3.stride(0);
     p.B = b3.data_ptr();
-    p.b_stride_k = b3.stride(1);
+    p.b_stride_k = K == 1 ? 1 : b3.stride(1);
     p.b_stride_n = b3.stride(2);
     p.b_stride_l = L > 1 ? b3.stride(0) : 0;
     p.D = d.data_ptr();
-    p.d_stride_m = d.stride(1);
-    p.d_stride_l = d.stride(0);
-    // The kernel reads the bias with a unit stride.
-    const at::Tensor bias_1 = !bias.has_value() ? at::Tensor() : (N == 1 || bias->stride(0) == 1) ? *bias : bias->contiguous();
+    p.d_stride_m = M > 1 ? d.stride(1) : N;
+    p.d_stride_l = L > 1 ? d.stride(0) : M * N;
     p.bias = bias_1.defined() ? bias_1.data_ptr() : nullptr;
-    p.aux = aux ? z.data_ptr() : nullptr;
-    p.aux_stride_m = aux ? z.stride(1) : 0;
-    p.aux_stride_l = aux ? z.stride(0) : 0;
+    p.aux = z.defined() ? z.data_ptr() : nullptr;
+    p.aux_stride_m = z.defined() ? z.stride(1) : 0;
+    p.aux_stride_l = z.defined() ? z.stride(0) : 0;
     p.activation = int(activation);
     p.alpha = extra.alpha;
     p.device = a.device().index();
     p.sm_count = sm_count(p.device);
+    return p;
+  };
+
+  const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
+  if (const GemmKernelEntry* gemv = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config)) {
+    // D straight into extra.out when its columns are adjacent (the kernel's only requirement).
+    at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);
+    at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
+    // The kernel reads the bias with a unit stride.
+    const at::Tensor bias_1 = !bias.has_value() ? at::Tensor() : (N == 1 || bias->stride(0) == 1) ? *bias : bias->contiguous();
+    const GemmParams p = unpadded_params(d, z, bias_1);
     check_launch(gemv->run(p, nullptr, current_stream(a.device())), op, gemv->name);
     return deliver(d, z);
   }
@@ -579,36 +587,13 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
       at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
       at::Tensor bias_k;
       if (bias.has_value()) bias_k = (bias->stride(0) == 1 && aligned16(bias->data_ptr())) ? *bias : bias->clone();
-      GemmParams p;
-      p.M = int(M);
-      p.N = int(N);
-      p.K = int(K);
-      p.L = int(L);
-      p.A = a3.data_ptr();
-      p.a_stride_m = a3.stride(1);
-      p.a_stride_k = a3.stride(2);
-      p.a_stride_l = a3.stride(0);
-      p.B = b3.data_ptr();
-      p.b_stride_k = b3.stride(1);
-      p.b_stride_n = b3.stride(2);
-      p.b_stride_l = L > 1 ? b3.stride(0) : 0;
-      p.D = d.data_ptr();
-      p.d_stride_m = M > 1 ? d.stride(1) : N;
-      p.d_stride_l = L > 1 ? d.stride(0) : M * N;
+      GemmParams p = unpadded_params(d, z, bias_k);
       if (c3.defined()) {
         p.C = c3.data_ptr();
         p.c_stride_m = M > 1 ? c3.stride(1) : N;
         p.c_stride_l = L > 1 ? c3.stride(0) : M * N;
         p.beta = 1.f;
       }
-      p.bias = bias_k.defined() ? bias_k.data_ptr() : nullptr;
-      p.aux = aux ? z.data_ptr() : nullptr;
-      p.aux_stride_m = N;
-      p.aux_stride_l = M * N;
-      p.activation = int(activation);
-      p.alpha = extra.alpha;
-      p.device = a.device().index();
-      p.sm_count = sm_count(p.device);
       check_launch(lowk->run(p, nullptr, current_stream(a.device())), op, lowk->name);
       return deliver(d, z);
     }
