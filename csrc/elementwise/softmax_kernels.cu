@@ -79,12 +79,16 @@ struct LaneGroupReduce {
     for (int offset = kLanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
   }
+  // Whether any row of the warp has `p` (a choice the whole warp then makes, as its shuffles
+  // need every lane).
+  __device__ __forceinline__ bool any(bool p) const { return __any_sync(0xffffffffu, p); }
 };
 
 struct BlockReduce {
   float* scratch;  // 32 floats of shared memory
   __device__ __forceinline__ float max(float v) const { return block_max(v, scratch); }
   __device__ __forceinline__ float sum(float v) const { return block_sum(v, scratch); }
+  __device__ __forceinline__ bool any(bool p) const { return p; }  // p derives from a block reduction
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -110,10 +114,15 @@ __device__ __forceinline__ void load_row_packs(const T* src, int lane, int lanes
   }
 }
 
-// In base 2: the row max of x * scale * log2(e), then 2^(x * scale * log2(e) - max) as one fused
-// multiply-add and one MUFU instruction an element (the natural-base form took a multiply, a
-// subtract and a multiply around exp2f). The max's own rounding shifts every exponent alike,
-// which the normalization cancels.
+// In base 2: with c = scale * log2(e), shift = the row max of x * c rounded down, then
+// 2^(x * c - shift) as one fused multiply-add (exact product, one rounding) and one MUFU
+// instruction an element; the natural-base form took a multiply, a subtract and a multiply around
+// exp2f. The rounding of the max offsets every exponent alike, which the normalization cancels:
+// rounded down, the offset lies in [0, ulp(shift)), so the largest exponent is never negative (a
+// row of zeros) and stays below 2^7 (no overflow) while |shift| < 2^30. Rows past that (logits of
+// magnitude 7e8 and more, or +inf) take the natural-base form, which has no such offset.
+constexpr float kBase2MaxShift = 1073741824.f;  // 2^30
+
 template <class T, int kVec, int kPacks, class Reduce>
 __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int lane, int lanes, int64_t cols,
                                                          float scale, Reduce const& reduce) {
@@ -126,18 +135,43 @@ __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int l
     if (col < cols) {
       load_vec<T, kVec>(x + col, v[k]);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) m = fmaxf(m, v[k][i] * scale2);
+      for (int i = 0; i < kVec; ++i) m = fmaxf(m, __fmul_rd(v[k][i], scale2));
     }
   }
   const float shift = shift_of(reduce.max(m));
   float s = 0.f;
+  if (!reduce.any(fabsf(shift) >= kBase2MaxShift)) {
 #pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    if ((int64_t(k) * lanes + lane) * kVec < cols) {
+    for (int k = 0; k < kPacks; ++k) {
+      if ((int64_t(k) * lanes + lane) * kVec < cols) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        v[k][i] = ex2_ftz(fmaf(v[k][i], scale2, -shift));
-        s += v[k][i];
+        for (int i = 0; i < kVec; ++i) {
+          v[k][i] = ex2_ftz(fmaf(v[k][i], scale2, -shift));
+          s += v[k][i];
+        }
+      }
+    }
+  } else {
+    float m_e = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if ((int64_t(k) * lanes + lane) * kVec < cols) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          v[k][i] *= scale;
+          m_e = fmaxf(m_e, v[k][i]);
+        }
+      }
+    }
+    const float shift_e = shift_of(reduce.max(m_e));
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if ((int64_t(k) * lanes + lane) * kVec < cols) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          v[k][i] = exp_shifted(v[k][i], shift_e);
+          s += v[k][i];
+        }
       }
     }
   }

@@ -198,6 +198,12 @@ def test_nan_propagates(device, dtype_name, cols):
         ("fp32", lambda n, d: 1e4 + torch.randn(3, n, device=d)),  # large and close
         ("fp32", lambda n, d: 1e4 * torch.randn(3, n, device=d)),  # large and spread (near one-hot)
         ("fp32", lambda n, d: torch.full((3, n), -3e38, device=d).index_fill_(1, torch.tensor([1], device=d), 3e38)),
+        # Large logits: the base-2 form's rounding offset of the row max (up to 1 near 1e7, with
+        # O(1) differences; up to 32 near 3e8) and past its limit near 1e9 (the natural-base
+        # form). Steps of 32 and 64 are the float32 spacing there.
+        ("fp32", lambda n, d: 1e7 + torch.randint(0, 4, (3, n), device=d).float()),
+        ("fp32", lambda n, d: 3e8 + 32 * torch.randint(0, 4, (3, n), device=d).float()),
+        ("fp32", lambda n, d: -1e9 - 64 * torch.randint(0, 4, (3, n), device=d).float()),
         ("fp16", lambda n, d: 6e4 - 32 * torch.randint(0, 8, (3, n), device=d).float()),
         ("fp16", lambda n, d: -6e4 + torch.randn(3, n, device=d)),
         ("bf16", lambda n, d: 1e38 * torch.rand(3, n, device=d)),
