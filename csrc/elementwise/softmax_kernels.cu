@@ -114,62 +114,74 @@ __device__ __forceinline__ void load_row_packs(const T* src, int lane, int lanes
   }
 }
 
-// In base 2: with c = scale * log2(e), shift = the row max of x * c rounded down, then
-// 2^(x * c - shift) as one fused multiply-add (exact product, one rounding) and one MUFU
-// instruction an element; the natural-base form took a multiply, a subtract and a multiply around
-// exp2f. The rounding of the max offsets every exponent alike, which the normalization cancels:
-// rounded down, the offset lies in [0, ulp(shift)), so the largest exponent is never negative (a
-// row of zeros) and stays below 2^7 (no overflow) while |shift| < 2^30. Rows past that (logits of
-// magnitude 7e8 and more, or +inf) take the natural-base form, which has no such offset.
+// 16-bit rows work in base 2: with c = scale * log2(e), shift = the row max of x * c rounded
+// down, then 2^(x * c - shift) as one fused multiply-add (exact product, one rounding) and one
+// MUFU instruction an element; the natural-base form takes a multiply, a subtract and a multiply
+// around it. The rounding of the max offsets every exponent alike, which the normalization
+// cancels: rounded down, the offset lies in [0, ulp(shift)), so the largest exponent is never
+// negative (a row of zeros) and stays below 2^6 (no overflow) while |shift| < 2^30. Rows past
+// that (logits of magnitude 7e8 and more, or +inf) take the natural-base form, which has no such
+// offset, and so do float32 rows (measured on an H200, bench/NOTES.md: the base-2 form made the
+// 16-bit forward 2-7% faster and the float32 one 5% slower).
 constexpr float kBase2MaxShift = 1073741824.f;  // 2^30
 
 template <class T, int kVec, int kPacks, class Reduce>
 __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int lane, int lanes, int64_t cols,
                                                          float scale, Reduce const& reduce) {
-  const float scale2 = scale * kLog2e;
   float v[kPacks][kVec];
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int64_t col = (int64_t(k) * lanes + lane) * kVec;
-    if (col < cols) {
-      load_vec<T, kVec>(x + col, v[k]);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) m = fmaxf(m, __fmul_rd(v[k][i], scale2));
-    }
-  }
-  const float shift = shift_of(reduce.max(m));
   float s = 0.f;
-  if (!reduce.any(fabsf(shift) >= kBase2MaxShift)) {
+  bool natural = true;  // float32 rows, or 16-bit rows past the base-2 form's range
+  if constexpr (sizeof(T) == 2) {
+    const float scale2 = scale * kLog2e;
+    float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      if ((int64_t(k) * lanes + lane) * kVec < cols) {
+      const int64_t col = (int64_t(k) * lanes + lane) * kVec;
+      if (col < cols) {
+        load_vec<T, kVec>(x + col, v[k]);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          v[k][i] = ex2_ftz(fmaf(v[k][i], scale2, -shift));
-          s += v[k][i];
+        for (int i = 0; i < kVec; ++i) m = fmaxf(m, __fmul_rd(v[k][i], scale2));
+      }
+    }
+    const float shift = shift_of(reduce.max(m));
+    natural = reduce.any(fabsf(shift) >= kBase2MaxShift);
+    if (!natural) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        if ((int64_t(k) * lanes + lane) * kVec < cols) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            v[k][i] = ex2_ftz(fmaf(v[k][i], scale2, -shift));
+            s += v[k][i];
+          }
         }
       }
     }
-  } else {
-    float m_e = -INFINITY;
+  }
+  if (natural) {
+    float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      if ((int64_t(k) * lanes + lane) * kVec < cols) {
+      const int64_t col = (int64_t(k) * lanes + lane) * kVec;
+      if (col < cols) {
+        if constexpr (sizeof(T) == 4) load_vec<T, kVec>(x + col, v[k]);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
           v[k][i] *= scale;
-          m_e = fmaxf(m_e, v[k][i]);
+          m = fmaxf(m, v[k][i]);
         }
+      } else if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[k][i] = -INFINITY;  // then no guard below (fewer registers)
       }
     }
-    const float shift_e = shift_of(reduce.max(m_e));
+    const float shift = shift_of(reduce.max(m));
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      if ((int64_t(k) * lanes + lane) * kVec < cols) {
+      if (sizeof(T) == 4 || (int64_t(k) * lanes + lane) * kVec < cols) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          v[k][i] = exp_shifted(v[k][i], shift_e);
+          v[k][i] = exp_shifted(v[k][i], shift);
           s += v[k][i];
         }
       }

@@ -93,11 +93,26 @@ template <class T, int kLines, int kLineRow, bool kElementwise>
 __device__ __forceinline__ void copy_operand(T* dst, const T* src, int64_t stride_line, int64_t stride_k,
                                              bool k_major, bool vector, int valid_lines, int K, int k_pad) {
   if (kElementwise && !vector) {
-    for (int i = threadIdx.x; i < kLines * k_pad; i += kThreads) {
-      const int line = k_major ? i / k_pad : i % kLines;
-      const int k = k_major ? i % k_pad : i / kLines;
-      const T v = (line < valid_lines && k < K) ? src[line * stride_line + k * stride_k] : T(0.f);
-      dst[k_major ? line * kKRow + k : k * kLineRow + line] = v;
+    // Each thread's loads of 16 columns of k (the whole tile when K <= 16) are issued before any
+    // of their stores, so that the tile costs one memory round trip, not one per element.
+    constexpr int kBatch = kLines * 16 / kThreads;
+    static_assert(kBatch >= 1 && kLines * 16 % kThreads == 0, "a batch covers 16 columns of k");
+    for (int base = 0; base < kLines * k_pad; base += kBatch * kThreads) {
+      T v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = base + j * kThreads + int(threadIdx.x);
+        const int line = k_major ? i / k_pad : i % kLines;
+        const int k = k_major ? i % k_pad : i / kLines;
+        v[j] = (line < valid_lines && k < K) ? src[line * stride_line + k * stride_k] : T(0.f);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = base + j * kThreads + int(threadIdx.x);
+        const int line = k_major ? i / k_pad : i % kLines;
+        const int k = k_major ? i % k_pad : i / kLines;
+        dst[k_major ? line * kKRow + k : k * kLineRow + line] = v[j];
+      }
     }
     return;
   }
