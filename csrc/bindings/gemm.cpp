@@ -158,6 +158,8 @@ constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
 constexpr int64_t kLowKLongMaxRows = 8192;
 
+constexpr int64_t kLowKUnalignedMaxRows = 32768;  // see gemm_op
+
 bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") == 0; }
 
 // Whether the short-K kernel is the heuristic's choice for a product of depth K over M x L rows.
@@ -570,10 +572,14 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   // a 13-feature input layer, the K = 1 product of a one-column layer's backward): the short-K
   // kernel reads them element by element where they are (gemm/lowk_gemm.cuh), so the call is one
   // launch. Its epilogue still needs 16-byte pieces: N a multiple of 8, aligned C and output.
+  // Its element loads wait before each tile's product where the asynchronous copies do not, so
+  // past kLowKUnalignedMaxRows rows the padded copy and the vector kernel are faster. Measured on
+  // an H200 (bf16 x @ W^T, 13 -> 512, relu, bench/linear.py --sets dlrm): 2048 rows 18.8 -> 9.3
+  // us, 8192 23.7 -> 15.0, 32768 36.8 -> 32.1, but 65536 53.0 -> 55.7.
   MatrixView va, vb;
   const bool unaligned_operands = Kp != K || !as_matrix(a3, align, va) || !as_matrix(b3, align, vb);
   if (unaligned_operands && math == MathMode::kTensorOp && a.element_size() == 2 && !has_a2 && Np == N &&
-      lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
+      M * L <= kLowKUnalignedMaxRows && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
     const int arch = gemm_arch_for(opts, a.device().index());
     const Major ma = (a3.stride(2) == 1 || K == 1) ? Major::kK : Major::kMN;
     const Major mb = (b3.stride(1) == 1 || K == 1) ? Major::kK : Major::kMN;
