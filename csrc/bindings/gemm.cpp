@@ -557,7 +557,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);
     at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
     // The kernel reads the bias with a unit stride.
-    const at::Tensor bias_1 = !bias.has_value() ? at::Tensor() : (N == 1 || bias->stride(0) == 1) ? *bias : bias->contiguous();
+    const at::Tensor bias_1 =
+        !bias.has_value() ? at::Tensor() : (N == 1 || bias->stride(0) == 1) ? *bias : bias->contiguous();
     const GemmParams p = unpadded_params(d, z, bias_1);
     check_launch(gemv->run(p, nullptr, current_stream(a.device())), op, gemv->name);
     return deliver(d, z);

@@ -19,15 +19,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include <cuda_runtime_api.h>
 
 #include "common/activation.h"
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
+#include "gemm/resident_blocks.h"
 
 namespace cutlass_ext::gemv {
 
@@ -198,21 +196,6 @@ __global__ void __launch_bounds__(kThreads) gemv_gemm_kernel(GemmParams p, bool 
   }
 }
 
-// Blocks of `kernel` with `smem` bytes of dynamic shared memory that fit one SM of `device`,
-// asked once per kernel, shared-memory size and device.
-inline int resident_blocks(const void* kernel, int smem, int device) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int>, int> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(kernel, smem, device);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  const int blocks = resident_blocks_per_sm(kernel, kThreads, size_t(smem));
-  if (blocks < 1) return 1;  // not cached: asked again next time
-  cache.emplace(key, blocks);
-  return blocks;
-}
-
 // Lanes sharing a row: enough 16-byte chunks for each lane to have one, at most a warp.
 template <class T>
 int lanes_for(int64_t K) {
@@ -273,7 +256,8 @@ struct GemmBundle {
       }
       constexpr int kTileRows = (kThreads / kLanes) * rows_per_group<kN>();
       const int64_t tiles = ceil_div(p.M, kTileRows) * p.L;
-      const int64_t slots = int64_t(std::max(p.sm_count, 1)) * resident_blocks(kernel, int(smem), p.device);
+      const int64_t slots =
+          int64_t(std::max(p.sm_count, 1)) * cached_resident_blocks(kernel, kThreads, int(smem), p.device);
       const int64_t per_block = ceil_div(tiles, std::min(tiles, slots));
       const unsigned blocks = unsigned(ceil_div(tiles, per_block));
       gemv_gemm_kernel<T, kN, kLanes><<<blocks, kThreads, size_t(smem), stream>>>(p, vector_a, per_block);

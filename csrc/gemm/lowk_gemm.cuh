@@ -12,8 +12,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -21,6 +19,7 @@
 #include "common/activation.h"
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
+#include "gemm/resident_blocks.h"
 
 namespace cutlass_ext::lowk {
 
@@ -183,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
     const int64_t l = at.l;
     const int m0 = at.m_tile * kTileM, n0 = at.n_tile * kTileN;
     const T* A = static_cast<const T*>(p.A) + l * p.a_stride_l + int64_t(m0) * p.a_stride_m;
-    copy_operand<T, kTileM, kARow, kElementwise>(a_tiles + buf * kAElems, A, p.a_stride_m, p.a_stride_k, a_k_major, a_vector,
-                                   p.M - m0, p.K, k_pad);
+    copy_operand<T, kTileM, kARow, kElementwise>(a_tiles + buf * kAElems, A, p.a_stride_m, p.a_stride_k, a_k_major,
+                                                 a_vector, p.M - m0, p.K, k_pad);
     if (C != nullptr && e_col < p.N - n0) {
       const T* c_row = C + l * p.c_stride_l + int64_t(m0 + e_row) * p.c_stride_m + n0 + e_col;
       T* c_dst = c_tiles + buf * kCElems + e_row * kTileN + e_col;
@@ -199,8 +198,8 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   };
   auto copy_b = [&](int64_t l, int n0) {
     const T* B = static_cast<const T*>(p.B) + l * p.b_stride_l + int64_t(n0) * p.b_stride_n;
-    copy_operand<T, kTileN, kBRow, kElementwise>(b_tile, B, p.b_stride_n, p.b_stride_k, b_k_major, b_vector, p.N - n0, p.K,
-                                   k_pad);
+    copy_operand<T, kTileN, kBRow, kElementwise>(b_tile, B, p.b_stride_n, p.b_stride_k, b_k_major, b_vector,
+                                                 p.N - n0, p.K, k_pad);
   };
 
   int b_l = tile.l, b_n0 = tile.n_tile * kTileN;
@@ -315,23 +314,6 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   }
 }
 
-// Blocks of lowk_gemm_kernel<T, kAct, kElementwise> that fit one SM of `device` with `smem` bytes
-// of dynamic shared memory, asked once per kernel, shared-memory size and device.
-template <class T, int kAct, bool kElementwise>
-int resident_blocks(bool with_c, int smem, int device) {
-  static std::array<std::array<std::atomic<int>, 2>, 64> cache{};
-  if (device < 0 || device >= int(cache.size())) return 1;
-  std::atomic<int>& slot = cache[device][with_c ? 1 : 0];
-  int blocks = slot.load(std::memory_order_relaxed);
-  if (blocks == 0) {
-    blocks = resident_blocks_per_sm(reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kElementwise>), kThreads,
-                                    smem);
-    if (blocks < 1) return 1;  // not cached: asked again next time
-    slot.store(blocks, std::memory_order_relaxed);
-  }
-  return blocks;
-}
-
 template <class Element>
 struct GemmBundle {
   using T = Element;
@@ -344,9 +326,11 @@ struct GemmBundle {
     auto ok = [](int64_t s) { return s % kVec == 0; };
     // C, D, Aux and the bias are read and written in 16-byte pieces.
     const bool epilogue_aligned =
-        aligned16(p.D) && p.N % kVec == 0 && ok(p.d_stride_m) && (p.C == nullptr || (aligned16(p.C) && ok(p.c_stride_m))) &&
+        aligned16(p.D) && p.N % kVec == 0 && ok(p.d_stride_m) &&
+        (p.C == nullptr || (aligned16(p.C) && ok(p.c_stride_m))) &&
         (p.aux == nullptr || (aligned16(p.aux) && ok(p.aux_stride_m))) && (p.bias == nullptr || aligned16(p.bias)) &&
-        (p.L == 1 || (ok(p.d_stride_l) && (p.C == nullptr || ok(p.c_stride_l)) && (p.aux == nullptr || ok(p.aux_stride_l))));
+        (p.L == 1 ||
+         (ok(p.d_stride_l) && (p.C == nullptr || ok(p.c_stride_l)) && (p.aux == nullptr || ok(p.aux_stride_l))));
     if (!epilogue_aligned) return {"can_implement", "the short-K GEMM needs 16-byte aligned C, D, Aux, bias and rows"};
     // Operands are copied in 16-byte pieces along their unit stride where they allow it, else
     // element by element (copy_operand). A depth-1 operand counts as K-major.
@@ -373,7 +357,7 @@ struct GemmBundle {
       }
       // Persistent blocks: one wave, each walking its share of the tiles.
       const int64_t slots =
-          int64_t(std::max(p.sm_count, 1)) * resident_blocks<T, kAct, kElementwise>(with_c, smem, p.device);
+          int64_t(std::max(p.sm_count, 1)) * cached_resident_blocks(kernel, kThreads, smem, p.device);
       const unsigned blocks = unsigned(std::min(tiles, slots));
       lowk_gemm_kernel<T, kAct, kElementwise>
           <<<blocks, kThreads, smem, stream>>>(p, a_k_major, b_k_major, a_vector, b_vector);
