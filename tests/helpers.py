@@ -55,10 +55,24 @@ def capture_cuda_graph(fn):
     return graph, out
 
 
-def gemm_kernels_run(fn):
-    """(fn(), names of the GEMM kernels it launched on the GPU, from the profiler)."""
+# Kernels the test harness adds around an op: CUTLASS_EXT_POISON_OUTPUTS NaN-fills every output
+# before its kernel (FillFunctor), and split-K kernels zero their workspace flags (Memset).
+SUPPORT_KERNELS = ("FillFunctor", "Memset")
+
+
+def cuda_kernels_run(fn, keep_support=False):
+    """(fn(), names of the CUDA kernels it launched, in launch order, from the profiler), without
+    the SUPPORT_KERNELS unless keep_support."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         out = fn()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "Gemm" in e.name or "gemm" in e.name]
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not keep_support:
+        names = [n for n in names if not any(k in n for k in SUPPORT_KERNELS)]
     return out, names
+
+
+def gemm_kernels_run(fn):
+    """(fn(), names of the GEMM kernels it launched on the GPU, from the profiler)."""
+    out, names = cuda_kernels_run(fn)
+    return out, [n for n in names if "Gemm" in n or "gemm" in n]

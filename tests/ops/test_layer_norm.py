@@ -12,7 +12,7 @@ import cutlass_ext
 from cutlass_ext.ops import _rng
 
 from ..conftest import requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph
+from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, cuda_kernels_run
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 # Row lengths: tiny, odd, a sub-warp/warp row, not a multiple of the vector width, and (CUDA only) a
@@ -140,10 +140,7 @@ def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, forward, 
     fn = lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=True)  # noqa: E731
     grads_of(fn, [x, weight, bias], grad_out)  # loads the extension
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out, ours = grads_of(fn, [x, weight, bias], grad_out)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    (out, ours), names = cuda_kernels_run(lambda: grads_of(fn, [x, weight, bias], grad_out))
     forward_kernels = [n for n in names if "layer_norm_fwd" in n]
     assert len(forward_kernels) == 1 and f"layer_norm_fwd_{forward}" in forward_kernels[0], names
     dx_kernels = [n for n in names if "layer_norm_bwd_shared" in n or "layer_norm_bwd_long" in n]

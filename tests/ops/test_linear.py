@@ -16,7 +16,8 @@ from cutlass_ext.ops import _activation
 from cutlass_ext.ops import linear as linear_ops
 
 from ..conftest import HAS_CUDA, requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision, gemm_kernels_run
+from ..helpers import (DTYPES, assert_close_to_reference, capture_cuda_graph, cuda_kernels_run, fp32_precision,
+                       gemm_kernels_run)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -182,16 +183,11 @@ def backward_work(device, run, monkeypatch):
         monkeypatch.setattr(linear_ops, "_act_grad_reference", counting("act_grad", linear_ops._act_grad_reference))
         run()
         return counts["gemm"], counts["act_grad"], []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    _, names = cuda_kernels_run(run)
     gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel")
     gemms = sum(any(k in n for k in gemm_kernels) for n in names)
     act_grads = sum("act_grad_kernel" in n for n in names)
-    # FillFunctor: the tests' CUTLASS_EXT_POISON_OUTPUTS NaN-fills every output before its kernel.
-    others = [n for n in names if not any(k in n for k in (*gemm_kernels, "act_grad_kernel", "bias_grad_finalize",
-                                                            "Memset", "FillFunctor"))]
+    others = [n for n in names if not any(k in n for k in (*gemm_kernels, "act_grad_kernel", "bias_grad_finalize"))]
     return gemms, act_grads, others
 
 
@@ -814,10 +810,8 @@ def test_config_argument_selects_the_kernel(config):
     A = rand(48, 256, device="cuda", dtype=torch.bfloat16)
     W = rand(320, 256, device="cuda", dtype=torch.bfloat16, scale=1 / 16)
     bias = rand(320, device="cuda", dtype=torch.bfloat16)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        y = cutlass_ext.linear(A, W.t(), bias, relu=True, config=config)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "GemmUniversal" in e.name]
+    y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, relu=True, config=config))
+    names = [n for n in names if "GemmUniversal" in n]
     assert len(names) == 1
     assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
     cfg = {c.name: c for c in _kernel_table.all_configs()}[config]
@@ -934,17 +928,15 @@ def test_sm80_path(dtype_name, b_layout, monkeypatch):
     bias = rand(200, device="cuda", dtype=dtype)
     grad_out = rand(2, 75, 200, device="cuda", dtype=dtype)
     with fp32_precision(dtype_name):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            out, ours = grads_of(lambda a, b, c: cutlass_ext.linear(a, b, c, activation="gelu"), [A, B, bias],
-                                 grad_out)
-            torch.cuda.synchronize()
+        (out, ours), names = cuda_kernels_run(
+            lambda: grads_of(lambda a, b, c: cutlass_ext.linear(a, b, c, activation="gelu"), [A, B, bias], grad_out))
         peer_out, peer = grads_of(lambda a, b, c: peer_linear(a, b, c, "gelu"), [A, B, bias], grad_out)
     ref_out, ref = grads_of(lambda a, b, c: ref_linear(a, b, c, "gelu"), [A.double(), B.double(), bias.double()],
                             grad_out.double())
     assert_close_to_reference(out, ref_out, peer_out, dtype_name)
     for name, o, p, r in zip(("dA", "dB", "dbias"), ours, peer, ref):
         assert_close_to_reference(o, r, p, dtype_name, what=name)
-    gemms = [e.name for e in prof.events() if "Gemm" in e.name and e.device_type == torch.autograd.DeviceType.CUDA]
+    gemms = [n for n in names if "Gemm" in n]
     assert len(gemms) == 3 and not any("Sm90" in n for n in gemms), gemms
 
 
@@ -968,31 +960,18 @@ def test_tf32_n_major_b_needs_no_copy(m):
     A = rand(m, 264, device="cuda", dtype=torch.float32)
     B = make_b(264, 520, "kn", "cuda", torch.float32)
     with fp32_precision("tf32"):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            y = cutlass_ext.matmul(A, B)
-            torch.cuda.synchronize()
+        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
         peer = A @ B
     assert_close_to_reference(y, A.double() @ B.double(), peer, "tf32")
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert sum("GemmUniversal" in n for n in names) == 1
-    # Nothing else ran, in particular no copy of B (FillFunctor: the tests' NaN poisoning of
-    # outputs; Memset: the split-K kernels' workspace flags).
-    assert [n for n in names if not any(k in n for k in ("GemmUniversal", "FillFunctor", "Memset"))] == []
+    # Nothing else ran, in particular no copy of B.
+    assert [n for n in names if "GemmUniversal" not in n] == []
 
 
 # ------------------------------------------------------------------------------------------------
 # The hand-written few-column kernel (gemv: N <= 16, one dot product per output, unpadded operands)
 
 GEMV = "gemv_gemm_kernel"
-
-
-def _all_kernels_run(fn):
-    """(fn(), names of every CUDA kernel it launched but the tests' NaN poisoning fills)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = fn()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return out, [n for n in names if "FillFunctor" not in n and "Memset" not in n]
 
 
 def _a_layout(m, k, layout, dtype):
@@ -1019,7 +998,7 @@ def test_gemv_kernel(dtype_name, m, k, n):
     B = make_b(k, n, "weight_t", "cuda", dtype)
     bias = rand(n, device="cuda", dtype=dtype)
     with fp32_precision(dtype_name):
-        (y, aux), names = _all_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True, "gemv_n16"))
+        (y, aux), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True, "gemv_n16"))
         peer_z = peer_linear(A, B, bias, "none")
     # One launch: no padded copies of A, B, the bias or the output.
     assert len(names) == 1 and GEMV in names[0], names
@@ -1038,7 +1017,7 @@ def test_gemv_kernel_reads_views_in_place(dtype_name, a_layout, b_layout, k):
     B = _b_layout(k, 3, b_layout, dtype)
     bias = rand(6, device="cuda", dtype=dtype)[::2]  # a strided bias is copied (3 elements), nothing else
     with fp32_precision(dtype_name):
-        y, names = _all_kernels_run(lambda: cutlass_ext.linear(A, B, bias, relu=True))
+        y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, bias, relu=True))
         peer = peer_linear(A, B, bias, "relu")
     assert sum(GEMV in n for n in names) == 1 and len(names) <= 2, names
     assert_close_to_reference(y, ref_linear(A, B, bias, "relu"), peer, dtype_name)
@@ -1053,7 +1032,7 @@ def test_gemv_kernel_batched(dtype_name, shared_b):
     B = make_b(72, 4, "kn", "cuda", dtype)
     B = B.expand(3, 72, 4) if shared_b else torch.stack([B, 2 * B, -B])
     with fp32_precision(dtype_name):
-        y, names = _all_kernels_run(lambda: cutlass_ext.matmul(A, B))
+        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
         peer = torch.matmul(A, B)
     assert len(names) == 1 and GEMV in names[0], names
     assert_close_to_reference(y, A.double() @ B.double(), peer, dtype_name)
@@ -1088,7 +1067,7 @@ def test_gemv_heuristic(m, k, n, expected):
     # N <= 4 (and B within the kernel's shared memory).
     A = rand(m, k, device="cuda", dtype=torch.bfloat16)
     W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
-    _, names = _all_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
+    _, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
     assert any(GEMV in n for n in names) == expected, names
 
 
@@ -1107,7 +1086,7 @@ def test_gemv_config_rejects_what_it_cannot_run():
         cutlass_ext.linear(A, B, config="gemv_n16")
     A = rand(100, 2048, device="cuda", dtype=torch.bfloat16)
     B = make_b(2048, 8, "weight_t", "cuda", torch.bfloat16)
-    y, names = _all_kernels_run(lambda: cutlass_ext.linear(A, B, config="gemv_n16"))
+    y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, config="gemv_n16"))
     assert len(names) == 1 and GEMV in names[0], names
     assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "bf16")
 
@@ -1129,7 +1108,7 @@ def test_lowk_kernel_reads_unaligned_operands(dtype_name, m, k, n, a_layout):
     B = make_b(k, n, "weight_t", "cuda", dtype)  # K-major rows of k elements
     bias = rand(n, device="cuda", dtype=dtype)
     aux_wanted = a_layout != "m_major"  # the aux epilogue is built for a K-major A
-    (y, aux), names = _all_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", aux_wanted))
+    (y, aux), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", aux_wanted))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
     peer_z = peer_linear(A, B, bias, "none")
     if aux_wanted:

@@ -9,7 +9,7 @@ import torch
 import cutlass_ext
 
 from ..conftest import HAS_CUDA, requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference
+from ..helpers import DTYPES, assert_close_to_reference, cuda_kernels_run
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 NEG_INF = float("-inf")
@@ -247,12 +247,7 @@ def test_forward_and_backward_are_one_kernel_each(cols):
     cutlass_ext.softmax(x).backward(grad_out)  # loads the extension
     x.grad = None  # else the profiled backward accumulates into it with an extra kernel
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        cutlass_ext.softmax(x).backward(grad_out)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    # FillFunctor: the tests' CUTLASS_EXT_POISON_OUTPUTS NaN-fills every output before its kernel.
-    kernels = [n for n in names if "FillFunctor" not in n and "Memset" not in n]
+    _, kernels = cuda_kernels_run(lambda: cutlass_ext.softmax(x).backward(grad_out))
     assert sum("softmax_backward" in n for n in kernels) == 1, kernels
     assert sum("softmax" in n and "backward" not in n for n in kernels) == 1, kernels
     assert len(kernels) == 2, kernels  # no copies, no separate reductions
@@ -269,10 +264,8 @@ def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, path):
     x = rand(600, cols, device="cuda", dtype=dtype)  # >= 4 rows per SM: no row splitting
     cutlass_ext.softmax(x)  # loads the extension
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = cutlass_ext.softmax(x, scale=0.5)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "softmax" in e.name]
+    out, names = cuda_kernels_run(lambda: cutlass_ext.softmax(x, scale=0.5))
+    names = [n for n in names if "softmax" in n]
     assert len(names) == 1 and f"softmax_{path}_kernel" in names[0], names
     assert_close_to_reference(out, ref_softmax(x, scale=0.5), peer_softmax(x, scale=0.5), dtype_name)
 
