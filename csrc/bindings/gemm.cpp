@@ -68,6 +68,10 @@ bool as_matrix(const at::Tensor& t, int64_t align, MatrixView& v) {
   return false;
 }
 
+// The majorness of an operand of depth K whose stride along K is stride_k, for the kernels that
+// read operands where they are (few-column, short-K): a depth-1 operand counts as K-major.
+Major major_along_k(int64_t stride_k, int64_t K) { return (stride_k == 1 || K == 1) ? Major::kK : Major::kMN; }
+
 // Copies t [L, X, Y] into a fresh row-major [L, Xp, Yp] tensor, zero-filling the padding.
 at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
   const int64_t X = t.size(1), Y = t.size(2);
@@ -415,7 +419,7 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
                                          bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2), N = b3.size(2);
   if (config.empty() && N > kGemvChosenMaxN) return nullptr;  // most calls: no table walk
-  const Major b_major = (b3.stride(1) == 1 || K == 1) ? Major::kK : Major::kMN;
+  const Major b_major = major_along_k(b3.stride(1), K);
   const GemmKernelEntry* entry = nullptr;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
@@ -578,14 +582,14 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   // an H200 (bf16 x @ W^T, 13 -> 512, relu, bench/linear.py --sets dlrm): 2048 rows 18.8 -> 9.3
   // us, 8192 23.7 -> 15.0, 32768 36.8 -> 32.1, but 65536 53.0 -> 55.7.
   MatrixView va, vb;
-  const bool unaligned_operands = Kp != K || !as_matrix(a3, align, va) || !as_matrix(b3, align, vb);
+  const bool a_readable = as_matrix(a3, align, va), b_readable = as_matrix(b3, align, vb);
+  const bool unaligned_operands = Kp != K || !a_readable || !b_readable;
   if (unaligned_operands && math == MathMode::kTensorOp && a.element_size() == 2 && !has_a2 && Np == N &&
       M * L <= kLowKUnalignedMaxRows && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
     const int arch = gemm_arch_for(opts, a.device().index());
-    const Major ma = (a3.stride(2) == 1 || K == 1) ? Major::kK : Major::kMN;
-    const Major mb = (b3.stride(1) == 1 || K == 1) ? Major::kK : Major::kMN;
     const GemmKernelEntry* lowk = nullptr;
-    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, ma, mb, aux, c3.defined(), false)) {
+    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_along_k(a3.stride(2), K),
+                                                major_along_k(b3.stride(1), K), aux, c3.defined(), false)) {
       if (is_lowk(*e) && (opts.config.empty() || opts.config == e->config)) lowk = e;
     }
     if (lowk != nullptr) {
@@ -615,8 +619,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     b3 = padded_copy(b3.transpose(1, 2), Np, Kp).transpose(1, 2);
     CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: K-major copy of B is not readable");
   };
-  if (!(Kp == K && as_matrix(a3, align, va))) copy_a_k_major();
-  if (!(Kp == K && Np == N && as_matrix(b3, align, vb))) copy_b_k_major();
+  if (!(Kp == K && a_readable)) copy_a_k_major();
+  if (!(Kp == K && Np == N && b_readable)) copy_b_k_major();
   at::Tensor bias_k;
   if (bias.has_value()) {
     bias_k = *bias;
