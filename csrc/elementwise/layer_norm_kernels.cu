@@ -16,11 +16,9 @@ namespace {
 // Forward kernel choice, by row length in vectors (nv = ceil(cols / kVec), kVec = 16 bytes of
 // elements on the vector path, 1 on the scalar path). A row is held in registers by kTpr threads,
 // kVecs vectors each, so it is read from memory once:
-//   nv <= 4, 8, 16, 32     kTpr = 4, 8, 16, 32, kVecs = 1   several thread groups per 256-thread block
-//   nv <= 64               kTpr = 32, kVecs = 2            a warp per group (bf16 C = 512: 8 groups/block)
-//   nv <= 128, 256, 512    kTpr = 64, 128, 256, kVecs = 2  4, 2, 1 groups per 256-thread block
-//   nv <= 1024             kTpr = 512, kVecs = 2           a 512-thread block per row (bf16 C <= 8192)
-//                          In the 256-thread configs each group normalizes two rows.
+//   nv <= 4, 8, 16, 32     kTpr = 4, 8, 16, 32, kVecs = 1     256-thread blocks, two rows per group
+//   nv <= 64, 128, 256     kTpr = 16, 32, 64, kVecs = 4       64-thread blocks (4, 2, 1 rows each)
+//   nv <= 512, 1024        kTpr = 128, 256, kVecs = 4         a block per row (bf16 C <= 8192)
 //   longer rows            a block per row. On the vector path, where the row fits in shared
 //                          memory (bf16/fp16 up to ~113K columns on Hopper), the row is copied
 //                          there once (cp.async) and both passes read it from there (one
@@ -31,41 +29,53 @@ namespace {
 //                          not cancel the variance.
 // The backward holds one vector per thread (with_backward_row_config) up to nv = 1024.
 
-template <int kVecs_, int kTpr_, int kThreads_>
+// kRows: rows per thread group (the forward kernel's; the backward kernels take one).
+template <int kVecs_, int kTpr_, int kThreads_, int kRows_ = 1>
 struct RowConfig {
-  static constexpr int kVecs = kVecs_, kTpr = kTpr_, kThreads = kThreads_;
+  static constexpr int kVecs = kVecs_, kTpr = kTpr_, kThreads = kThreads_, kRows = kRows_;
   static constexpr int kRowsPerBlock = kThreads / kTpr;
 };
 
-// Calls fn(RowConfig<...>{}) with the row-in-registers configuration for rows of nv vectors;
-// returns false when the row is too long for one.
+// Calls fn(RowConfig<...>{}) with the forward's row-in-registers configuration for rows of nv
+// vectors; returns false when the row is too long for one. From 33 vectors on, each thread holds
+// four vectors of one row (64 bytes of a 16-bit row) in blocks of at least 64 threads. Measured
+// on an H200 (bf16, forward alone, against the earlier two vectors a thread in 256-thread blocks
+// with two rows per group, or 512-thread blocks at 8192 columns; bench/NOTES.md section 19):
+// 65536x512 40.0 -> 38.2 us, 32768x1024 40.8 -> 38.3, 16384x2048 40.6 -> 37.6, 32768x4096
+// 144.1 -> 135.9, 8192x8192 93.1 -> 74.8; with relu 5-17% faster. The short rows keep one
+// vector a thread and two rows per group in 256-thread blocks (1.08-1.14x over one row).
 template <class Fn>
 bool with_row_config(int64_t nv, Fn&& fn) {
+  if (nv <= 4) return fn(RowConfig<1, 4, 256, 2>{}), true;
+  if (nv <= 8) return fn(RowConfig<1, 8, 256, 2>{}), true;
+  if (nv <= 16) return fn(RowConfig<1, 16, 256, 2>{}), true;
+  if (nv <= 32) return fn(RowConfig<1, 32, 256, 2>{}), true;
+  if (nv <= 64) return fn(RowConfig<4, 16, 64>{}), true;
+  if (nv <= 128) return fn(RowConfig<4, 32, 64>{}), true;
+  if (nv <= 256) return fn(RowConfig<4, 64, 64>{}), true;
+  if (nv <= 512) return fn(RowConfig<4, 128, 128>{}), true;
+  if (nv <= 1024) return fn(RowConfig<4, 256, 256>{}), true;
+  return false;
+}
+
+// The backward's rows in registers: one vector per thread, as many threads per row as the row
+// has vectors (rounded up to a power of two), blocks of at least 256 threads. The backward keeps
+// x, dy and the dweight/dbias accumulators of each of its vectors in registers: with two vectors
+// a thread it needed ~104 registers, two 256-thread blocks per SM (25% occupancy), and ran
+// latency-bound at ~35% of DRAM bandwidth (bench/NOTES.md, section 7); with one it needs 64, and
+// every config keeps 1024 threads per SM resident.
+template <class Fn>
+bool with_backward_row_config(int64_t nv, Fn&& fn) {
   if (nv <= 4) return fn(RowConfig<1, 4, 256>{}), true;
   if (nv <= 8) return fn(RowConfig<1, 8, 256>{}), true;
   if (nv <= 16) return fn(RowConfig<1, 16, 256>{}), true;
   if (nv <= 32) return fn(RowConfig<1, 32, 256>{}), true;
-  if (nv <= 64) return fn(RowConfig<2, 32, 256>{}), true;
-  if (nv <= 128) return fn(RowConfig<2, 64, 256>{}), true;
-  if (nv <= 256) return fn(RowConfig<2, 128, 256>{}), true;
-  if (nv <= 512) return fn(RowConfig<2, 256, 256>{}), true;
-  if (nv <= 1024) return fn(RowConfig<2, 512, 512>{}), true;
+  if (nv <= 64) return fn(RowConfig<1, 64, 256>{}), true;
+  if (nv <= 128) return fn(RowConfig<1, 128, 256>{}), true;
+  if (nv <= 256) return fn(RowConfig<1, 256, 256>{}), true;
+  if (nv <= 512) return fn(RowConfig<1, 512, 512>{}), true;
+  if (nv <= 1024) return fn(RowConfig<1, 1024, 1024>{}), true;
   return false;
-}
-
-// The backward's rows in registers: the forward's configs with one vector per thread (kVecs = 1)
-// and as many more threads per row. The backward keeps x, dy and the dweight/dbias accumulators
-// of each of its vectors in registers: with two vectors a thread (the forward's configs) it needed
-// ~104 registers, two 256-thread blocks per SM (25% occupancy), and ran latency-bound at ~35% of
-// DRAM bandwidth (bench/NOTES.md, section 7); with one it needs 64, and every config keeps 1024
-// threads per SM resident.
-template <class Cfg>
-using OneVectorConfig = RowConfig<1, Cfg::kVecs * Cfg::kTpr,
-                                  (Cfg::kThreads > Cfg::kVecs * Cfg::kTpr ? Cfg::kThreads : Cfg::kVecs * Cfg::kTpr)>;
-
-template <class Fn>
-bool with_backward_row_config(int64_t nv, Fn&& fn) {
-  return with_row_config(nv, [&](auto cfg) { fn(OneVectorConfig<decltype(cfg)>{}); });
 }
 
 constexpr int kLongThreads = 512;
@@ -566,10 +576,7 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
   const int64_t nv = (p.cols + kVec - 1) / kVec;
   const bool in_registers = with_row_config(nv, [&](auto cfg) {
     using Cfg = decltype(cfg);
-    // Two rows per thread group in the 256-thread configs (rows of up to 512 vectors): 1.08-1.14x
-    // on an H200 from 128 to 4096 bf16 columns. The 512-thread config (8192 columns) keeps one:
-    // with two it needed ~85 registers and ran 1.25x slower.
-    constexpr int kRows = Cfg::kThreads <= 256 ? 2 : 1;
+    constexpr int kRows = Cfg::kRows;
     constexpr int64_t kRowsPerBlock = int64_t(Cfg::kRowsPerBlock) * kRows;
     const unsigned blocks = unsigned((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
     if (p.relu) {
