@@ -1,0 +1,70 @@
+"""The peers of the kernel-level benchmarks, timed the same way (README.md here): each call after
+a 512 MB fill of a flush buffer, events around the call alone, median over the rounds.
+
+    python bench/kernels/peers.py gemm 4096x4096x4096 ...       # cuBLAS mm, cuBLASLt bias+ReLU
+    python bench/kernels/peers.py layer_norm 65536x512 ...      # torch eager and torch.compile
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+
+def median_us(fns: dict, rounds: int) -> dict:
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    for fn in fns.values():
+        fn()
+        fn()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            flush.fill_(r & 0xFF)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times[name].append(start.elapsed_time(stop) * 1000)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def gemm(shape: str, rounds: int) -> None:
+    M, N, K = map(int, shape.split("x"))
+    A = torch.rand(M, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    W = torch.rand(N, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    bias = torch.rand(N, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    fns = {"cublas_matmul": lambda: torch.mm(A, W.t()),
+           "cublaslt_bias_relu": lambda: torch._addmm_activation(bias, A, W.t())}
+    for name, us in median_us(fns, rounds).items():
+        print(f"{shape} {name:20s} {us:8.1f} us {2 * M * N * K / us * 1e-6:6.0f} TFLOP/s")
+
+
+def layer_norm(shape: str, rounds: int) -> None:
+    rows, cols = map(int, shape.split("x"))
+    x = torch.rand(rows, cols, device="cuda", dtype=torch.bfloat16) * 4 - 1.5
+    w = torch.rand(cols, device="cuda", dtype=torch.bfloat16)
+    b = torch.rand(cols, device="cuda", dtype=torch.bfloat16)
+    for relu in (0, 1):
+        def fn(t):
+            return F.layer_norm(torch.relu(t) if relu else t, (cols,), w, b)
+        compiled = torch.compile(fn)
+        for name, us in median_us({"eager": lambda: fn(x), "compile": lambda: compiled(x)}, rounds).items():
+            print(f"{shape} relu={relu} {name:8s} {us:8.2f} us {4 * rows * cols / us * 1e-3:6.0f} GB/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["gemm", "layer_norm"])
+    parser.add_argument("shapes", nargs="+")
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    print("device", torch.cuda.get_device_name(), "torch", torch.__version__)
+    for shape in args.shapes:
+        (gemm if args.what == "gemm" else layer_norm)(shape, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
