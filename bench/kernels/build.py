@@ -64,8 +64,13 @@ def build_gemm(nvcc: list[str], out: Path, jobs: int) -> Path:
             unit.write_text(text)
         units.append(unit)
     (gen / "variants.inc").write_text("".join(f"KERNEL_BENCH({name})\n" for name in VARIANTS))
+    # A variant's object is rebuilt when it is older than its unit or than any header it may use.
+    headers = [HERE / "gemm_variants.cuh", *(REPO / "csrc").rglob("*.h"), *(REPO / "csrc").rglob("*.cuh")]
+    newest_header = max(h.stat().st_mtime for h in headers)
+    stale = [u for u in units if not u.with_suffix(".o").exists()
+             or u.with_suffix(".o").stat().st_mtime < max(u.stat().st_mtime, newest_header)]
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(run, [[*nvcc, "-c", str(u), "-o", str(u.with_suffix(".o"))] for u in units]))
+        list(pool.map(run, [[*nvcc, "-c", str(u), "-o", str(u.with_suffix(".o"))] for u in stale]))
     binary = out / "gemm_variants"
     main_obj = gen / "gemm_main.o"
     run([*nvcc, f"-I{gen}", "-c", str(HERE / "gemm_main.cu"), "-o", str(main_obj)])

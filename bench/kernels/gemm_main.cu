@@ -3,23 +3,17 @@
 // Each call follows a 512 MB memset (L2 flushed), events bracket the call alone, and the
 // variants take turns round by round; the median is printed. Every variant is first checked
 // against a float64 reference at 512 sampled outputs.
-#include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
-#include <vector>
 
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
+#include "bench_common.cuh"
 #include "gemm/gemm_params.h"
 
 using cutlass_ext::GemmParams;
 using cutlass_ext::LaunchResult;
+using kernel_bench::bf16_value;
 
 #define KERNEL_BENCH(N)                                                \
   size_t N##_workspace_size(GemmParams const&);                        \
@@ -44,36 +38,10 @@ static const Entry kEntries[] = {
 };
 #undef KERNEL_BENCH
 
-#define CHECK_CUDA(x)                                                                   \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
 // Modes: 0 = matmul (no bias, no activation), 1 = bias + ReLU, 2 = bias + GELU. A variant with a
 // fixed epilogue runs its own mode only (kind 1: plain, 2: ReLU, 3: GELU; 0: runtime, all).
 static bool runs_mode(int kind, int mode) { return kind == 0 || (kind == 1 && mode == 0) || kind - 1 == mode; }
 static const char* kModeNames[] = {"matmul", "bias+relu", "bias+gelu"};
-
-__global__ void fill_uniform(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16((h & 0xffff) / 32768.f - 1.f);  // [-1, 1)
-  }
-}
-
-static double bf16_value(uint16_t v) {
-  uint32_t u = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 int main(int argc, char** argv) {
   int rounds = 30;
@@ -103,29 +71,24 @@ int main(int argc, char** argv) {
     }
   }
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  KB_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-  const size_t flush_bytes = size_t(512) << 20;
-  void* flush;
-  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  kernel_bench::Timer timer;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   for (auto [M, N, K] : shapes) {
     __nv_bfloat16 *A, *W, *D, *bias;
-    CHECK_CUDA(cudaMalloc(&A, size_t(M) * K * 2));
-    CHECK_CUDA(cudaMalloc(&W, size_t(N) * K * 2));
-    CHECK_CUDA(cudaMalloc(&D, size_t(M) * N * 2));
-    CHECK_CUDA(cudaMalloc(&bias, size_t(N) * 2));
-    fill_uniform<<<1024, 256>>>(A, size_t(M) * K, 1);
-    fill_uniform<<<1024, 256>>>(W, size_t(N) * K, 2);
-    fill_uniform<<<64, 256>>>(bias, N, 3);
+    KB_CHECK_CUDA(cudaMalloc(&A, size_t(M) * K * 2));
+    KB_CHECK_CUDA(cudaMalloc(&W, size_t(N) * K * 2));
+    KB_CHECK_CUDA(cudaMalloc(&D, size_t(M) * N * 2));
+    KB_CHECK_CUDA(cudaMalloc(&bias, size_t(N) * 2));
+    kernel_bench::fill_uniform<<<1024, 256>>>(A, size_t(M) * K, 1, -1.f, 1.f);
+    kernel_bench::fill_uniform<<<1024, 256>>>(W, size_t(N) * K, 2, -1.f, 1.f);
+    kernel_bench::fill_uniform<<<64, 256>>>(bias, N, 3, -1.f, 1.f);
     std::vector<uint16_t> hA(size_t(M) * K), hW(size_t(N) * K), hbias(N), hD(size_t(M) * N);
-    CHECK_CUDA(cudaMemcpy(hA.data(), A, hA.size() * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(hW.data(), W, hW.size() * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(hbias.data(), bias, hbias.size() * 2, cudaMemcpyDeviceToHost));
+    KB_CHECK_CUDA(cudaMemcpy(hA.data(), A, hA.size() * 2, cudaMemcpyDeviceToHost));
+    KB_CHECK_CUDA(cudaMemcpy(hW.data(), W, hW.size() * 2, cudaMemcpyDeviceToHost));
+    KB_CHECK_CUDA(cudaMemcpy(hbias.data(), bias, hbias.size() * 2, cudaMemcpyDeviceToHost));
     std::mt19937 rng(7);
     std::vector<std::pair<int, int>> samples;
     for (int s = 0; s < 512; ++s) samples.push_back({int(rng() % M), int(rng() % N)});
@@ -145,18 +108,18 @@ int main(int argc, char** argv) {
         p.max_active_clusters = entries[v].clusters();
         const size_t need = entries[v].workspace(p);
         if (need > workspace_bytes) {
-          if (workspace != nullptr) CHECK_CUDA(cudaFree(workspace));
-          CHECK_CUDA(cudaMalloc(&workspace, need));
+          if (workspace != nullptr) KB_CHECK_CUDA(cudaFree(workspace));
+          KB_CHECK_CUDA(cudaMalloc(&workspace, need));
           workspace_bytes = need;
         }
-        CHECK_CUDA(cudaMemset(D, 0xff, size_t(M) * N * 2));  // NaN: an unwritten output fails the check
+        KB_CHECK_CUDA(cudaMemset(D, 0xff, size_t(M) * N * 2));  // NaN: an unwritten output fails the check
         const LaunchResult r = entries[v].run(p, workspace, nullptr);
         if (!r.ok()) {
           std::printf("%s: %s failed: %s\n", entries[v].name, r.stage, r.detail);
           return 1;
         }
-        CHECK_CUDA(cudaDeviceSynchronize());
-        CHECK_CUDA(cudaMemcpy(hD.data(), D, hD.size() * 2, cudaMemcpyDeviceToHost));
+        KB_CHECK_CUDA(cudaDeviceSynchronize());
+        KB_CHECK_CUDA(cudaMemcpy(hD.data(), D, hD.size() * 2, cudaMemcpyDeviceToHost));
         double worst = 0;
         for (auto [m, n] : samples) {
           double ref = 0;
@@ -177,29 +140,20 @@ int main(int argc, char** argv) {
       for (int r = 0; r < rounds; ++r) {
         for (size_t v = 0; v < entries.size(); ++v) {
           if (!runs_mode(entries[v].kind(), mode)) continue;
-          CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
-          CHECK_CUDA(cudaEventRecord(start));
-          entries[v].run(params[v], workspace, nullptr);
-          CHECK_CUDA(cudaEventRecord(stop));
-          CHECK_CUDA(cudaEventSynchronize(stop));
-          float ms;
-          CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-          times[v].push_back(ms * 1000.f);
+          times[v].push_back(timer.time_us([&] { entries[v].run(params[v], workspace, nullptr); }, r));
         }
       }
       for (size_t v = 0; v < entries.size(); ++v) {
         if (times[v].empty()) continue;
-        std::vector<float> t = times[v];
-        std::sort(t.begin(), t.end());
-        const float median = t[t.size() / 2];
-        std::printf("%dx%dx%d %-9s %-16s %8.1f us %6.0f TFLOP/s (min %.1f, max %.1f)\n", M, N, K, kModeNames[mode],
-                    entries[v].name, median, 2.0 * M * N * K / median * 1e-6, t.front(), t.back());
+        const auto [median, fastest] = kernel_bench::median_min(times[v]);
+        std::printf("%dx%dx%d %-9s %-16s %8.1f us %6.0f TFLOP/s (min %.1f)\n", M, N, K, kModeNames[mode],
+                    entries[v].name, median, 2.0 * M * N * K / median * 1e-6, fastest);
       }
     }
-    CHECK_CUDA(cudaFree(A));
-    CHECK_CUDA(cudaFree(W));
-    CHECK_CUDA(cudaFree(D));
-    CHECK_CUDA(cudaFree(bias));
+    KB_CHECK_CUDA(cudaFree(A));
+    KB_CHECK_CUDA(cudaFree(W));
+    KB_CHECK_CUDA(cudaFree(D));
+    KB_CHECK_CUDA(cudaFree(bias));
   }
   return 0;
 }

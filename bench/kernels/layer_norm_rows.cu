@@ -4,23 +4,11 @@
 // This file includes the library's kernel translation unit to reach its internal templates.
 #include "elementwise/layer_norm_kernels.cu"
 
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <string>
-#include <vector>
 
-#include <cuda_bf16.h>
-
-#define CHECK_CUDA(x)                                                                   \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "bench_common.cuh"
 
 namespace cutlass_ext {
 namespace {
@@ -74,35 +62,13 @@ std::vector<Config> configs(int64_t nv) {
   return out;
 }
 
-__global__ void fill_uniform(T* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16((h & 0xffff) / 16384.f - 1.5f);  // [-1.5, 2.5)
-  }
-}
-
-float bf16_value(uint16_t v) {
-  uint32_t u = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 }  // namespace
 }  // namespace cutlass_ext
 
 int main(int argc, char** argv) {
   using namespace cutlass_ext;
   int rounds = 40;
-  const size_t flush_bytes = size_t(512) << 20;
-  void* flush;
-  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  kernel_bench::Timer timer;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     if (arg.rfind("--rounds=", 0) == 0) {
@@ -117,15 +83,15 @@ int main(int argc, char** argv) {
     const size_t n = size_t(rows) * cols;
     T *x, *y, *w, *b;
     float *mean, *rstd;
-    CHECK_CUDA(cudaMalloc(&x, n * 2));
-    CHECK_CUDA(cudaMalloc(&y, n * 2));
-    CHECK_CUDA(cudaMalloc(&w, size_t(cols) * 2));
-    CHECK_CUDA(cudaMalloc(&b, size_t(cols) * 2));
-    CHECK_CUDA(cudaMalloc(&mean, size_t(rows) * 4));
-    CHECK_CUDA(cudaMalloc(&rstd, size_t(rows) * 4));
-    fill_uniform<<<1024, 256>>>(x, n, 1);
-    fill_uniform<<<8, 256>>>(w, cols, 2);
-    fill_uniform<<<8, 256>>>(b, cols, 3);
+    KB_CHECK_CUDA(cudaMalloc(&x, n * 2));
+    KB_CHECK_CUDA(cudaMalloc(&y, n * 2));
+    KB_CHECK_CUDA(cudaMalloc(&w, size_t(cols) * 2));
+    KB_CHECK_CUDA(cudaMalloc(&b, size_t(cols) * 2));
+    KB_CHECK_CUDA(cudaMalloc(&mean, size_t(rows) * 4));
+    KB_CHECK_CUDA(cudaMalloc(&rstd, size_t(rows) * 4));
+    kernel_bench::fill_uniform<<<1024, 256>>>(x, n, 1, -1.5f, 2.5f);
+    kernel_bench::fill_uniform<<<8, 256>>>(w, cols, 2, -1.5f, 2.5f);
+    kernel_bench::fill_uniform<<<8, 256>>>(b, cols, 3, -1.5f, 2.5f);
     for (int relu = 0; relu < 2; ++relu) {
       LayerNormParams p;
       p.rows = rows, p.cols = cols, p.x = x, p.x_ld = cols, p.weight = w, p.bias = b, p.y = y, p.y_ld = cols;
@@ -134,14 +100,14 @@ int main(int argc, char** argv) {
       // Every configuration must reproduce the library's output (to bf16 rounding).
       std::vector<uint16_t> ref(n), got(n);
       for (size_t c = 0; c < all.size(); ++c) {
-        CHECK_CUDA(cudaMemset(y, 0xff, n * 2));
+        KB_CHECK_CUDA(cudaMemset(y, 0xff, n * 2));
         all[c].launch(p);
-        CHECK_CUDA(cudaDeviceSynchronize());
-        CHECK_CUDA(cudaMemcpy(c == 0 ? ref.data() : got.data(), y, n * 2, cudaMemcpyDeviceToHost));
+        KB_CHECK_CUDA(cudaDeviceSynchronize());
+        KB_CHECK_CUDA(cudaMemcpy(c == 0 ? ref.data() : got.data(), y, n * 2, cudaMemcpyDeviceToHost));
         if (c == 0) continue;
         size_t bad = 0;
         for (size_t i = 0; i < n; ++i) {
-          const float r = bf16_value(ref[i]), g = bf16_value(got[i]);
+          const float r = kernel_bench::bf16_value(ref[i]), g = kernel_bench::bf16_value(got[i]);
           if (!(std::fabs(r - g) <= 0.02f + 0.01f * std::fabs(r))) ++bad;
         }
         if (bad != 0) {
@@ -152,30 +118,21 @@ int main(int argc, char** argv) {
       std::vector<std::vector<float>> times(all.size());
       for (int r = 0; r < rounds; ++r) {
         for (size_t c = 0; c < all.size(); ++c) {
-          CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
-          CHECK_CUDA(cudaEventRecord(start));
-          all[c].launch(p);
-          CHECK_CUDA(cudaEventRecord(stop));
-          CHECK_CUDA(cudaEventSynchronize(stop));
-          float ms;
-          CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-          times[c].push_back(ms * 1000.f);
+          times[c].push_back(timer.time_us([&] { all[c].launch(p); }, r));
         }
       }
       for (size_t c = 0; c < all.size(); ++c) {
-        std::vector<float> t = times[c];
-        std::sort(t.begin(), t.end());
-        const float median = t[t.size() / 2];
+        const auto [median, fastest] = kernel_bench::median_min(times[c]);
         std::printf("%dx%d relu=%d %-14s %8.2f us %6.0f GB/s (min %.2f)\n", rows, cols, relu, all[c].name.c_str(),
-                    median, 4.0 * double(n) / median * 1e-3, t.front());
+                    median, 4.0 * double(n) / median * 1e-3, fastest);
       }
     }
-    CHECK_CUDA(cudaFree(x));
-    CHECK_CUDA(cudaFree(y));
-    CHECK_CUDA(cudaFree(w));
-    CHECK_CUDA(cudaFree(b));
-    CHECK_CUDA(cudaFree(mean));
-    CHECK_CUDA(cudaFree(rstd));
+    KB_CHECK_CUDA(cudaFree(x));
+    KB_CHECK_CUDA(cudaFree(y));
+    KB_CHECK_CUDA(cudaFree(w));
+    KB_CHECK_CUDA(cudaFree(b));
+    KB_CHECK_CUDA(cudaFree(mean));
+    KB_CHECK_CUDA(cudaFree(rstd));
   }
   return 0;
 }

@@ -1,0 +1,75 @@
+// Helpers shared by the kernel-level benchmarks: error checks, bf16 inputs, timing.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#define KB_CHECK_CUDA(x)                                                                  \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace kernel_bench {
+
+// Deterministic values in [lo, hi) from a hash of the index.
+__global__ void fill_uniform(__nv_bfloat16* p, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(lo + (hi - lo) * float(h & 0xffff) / 65536.f);
+  }
+}
+
+inline float bf16_value(uint16_t v) {
+  const uint32_t u = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Times calls with the L2 flushed before each: a 512 MB memset, then events around the call.
+class Timer {
+ public:
+  Timer() {
+    KB_CHECK_CUDA(cudaMalloc(&flush_, kFlushBytes));
+    KB_CHECK_CUDA(cudaEventCreate(&start_));
+    KB_CHECK_CUDA(cudaEventCreate(&stop_));
+  }
+  template <class Fn>
+  float time_us(Fn&& fn, int round) {
+    KB_CHECK_CUDA(cudaMemsetAsync(flush_, round & 0xff, kFlushBytes));
+    KB_CHECK_CUDA(cudaEventRecord(start_));
+    fn();
+    KB_CHECK_CUDA(cudaEventRecord(stop_));
+    KB_CHECK_CUDA(cudaEventSynchronize(stop_));
+    float ms;
+    KB_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms * 1000.f;
+  }
+
+ private:
+  static constexpr size_t kFlushBytes = size_t(512) << 20;
+  void* flush_ = nullptr;
+  cudaEvent_t start_, stop_;
+};
+
+// (median, min) of a list of times.
+inline std::pair<float, float> median_min(std::vector<float> t) {
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front()};
+}
+
+}  // namespace kernel_bench
