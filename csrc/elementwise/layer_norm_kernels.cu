@@ -36,6 +36,22 @@ struct RowConfig {
   static constexpr int kRowsPerBlock = kThreads / kTpr;
 };
 
+// Calls fn(std::integral_constant<int, P>{}) with P the row length nv rounded up to a power of
+// two (at least 4); returns false for rows of more than 1024 vectors, too long for registers.
+template <class Fn>
+bool with_row_vectors(int64_t nv, Fn&& fn) {
+  if (nv <= 4) return fn(std::integral_constant<int, 4>{}), true;
+  if (nv <= 8) return fn(std::integral_constant<int, 8>{}), true;
+  if (nv <= 16) return fn(std::integral_constant<int, 16>{}), true;
+  if (nv <= 32) return fn(std::integral_constant<int, 32>{}), true;
+  if (nv <= 64) return fn(std::integral_constant<int, 64>{}), true;
+  if (nv <= 128) return fn(std::integral_constant<int, 128>{}), true;
+  if (nv <= 256) return fn(std::integral_constant<int, 256>{}), true;
+  if (nv <= 512) return fn(std::integral_constant<int, 512>{}), true;
+  if (nv <= 1024) return fn(std::integral_constant<int, 1024>{}), true;
+  return false;
+}
+
 // Calls fn(RowConfig<...>{}) with the forward's row-in-registers configuration for rows of nv
 // vectors; returns false when the row is too long for one. From 33 vectors on, each thread holds
 // four vectors of one row (64 bytes of a 16-bit row) in blocks of at least 64 threads. Measured
@@ -46,16 +62,15 @@ struct RowConfig {
 // vector a thread and two rows per group in 256-thread blocks (1.08-1.14x over one row).
 template <class Fn>
 bool with_row_config(int64_t nv, Fn&& fn) {
-  if (nv <= 4) return fn(RowConfig<1, 4, 256, 2>{}), true;
-  if (nv <= 8) return fn(RowConfig<1, 8, 256, 2>{}), true;
-  if (nv <= 16) return fn(RowConfig<1, 16, 256, 2>{}), true;
-  if (nv <= 32) return fn(RowConfig<1, 32, 256, 2>{}), true;
-  if (nv <= 64) return fn(RowConfig<4, 16, 64>{}), true;
-  if (nv <= 128) return fn(RowConfig<4, 32, 64>{}), true;
-  if (nv <= 256) return fn(RowConfig<4, 64, 64>{}), true;
-  if (nv <= 512) return fn(RowConfig<4, 128, 128>{}), true;
-  if (nv <= 1024) return fn(RowConfig<4, 256, 256>{}), true;
-  return false;
+  return with_row_vectors(nv, [&](auto vectors) {
+    constexpr int kVectors = decltype(vectors)::value;
+    if constexpr (kVectors <= 32) {
+      fn(RowConfig<1, kVectors, 256, 2>{});
+    } else {
+      constexpr int kTpr = kVectors / 4;
+      fn(RowConfig<4, kTpr, (kTpr > 64 ? kTpr : 64)>{});
+    }
+  });
 }
 
 // The backward's rows in registers: one vector per thread, as many threads per row as the row
@@ -66,16 +81,10 @@ bool with_row_config(int64_t nv, Fn&& fn) {
 // every config keeps 1024 threads per SM resident.
 template <class Fn>
 bool with_backward_row_config(int64_t nv, Fn&& fn) {
-  if (nv <= 4) return fn(RowConfig<1, 4, 256>{}), true;
-  if (nv <= 8) return fn(RowConfig<1, 8, 256>{}), true;
-  if (nv <= 16) return fn(RowConfig<1, 16, 256>{}), true;
-  if (nv <= 32) return fn(RowConfig<1, 32, 256>{}), true;
-  if (nv <= 64) return fn(RowConfig<1, 64, 256>{}), true;
-  if (nv <= 128) return fn(RowConfig<1, 128, 256>{}), true;
-  if (nv <= 256) return fn(RowConfig<1, 256, 256>{}), true;
-  if (nv <= 512) return fn(RowConfig<1, 512, 512>{}), true;
-  if (nv <= 1024) return fn(RowConfig<1, 1024, 1024>{}), true;
-  return false;
+  return with_row_vectors(nv, [&](auto vectors) {
+    constexpr int kVectors = decltype(vectors)::value;
+    fn(RowConfig<1, kVectors, (kVectors > 256 ? kVectors : 256)>{});
+  });
 }
 
 constexpr int kLongThreads = 512;
