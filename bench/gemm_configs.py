@@ -33,6 +33,10 @@ SHAPE_SETS = {
              for m in (2048, 8192, 32768, 65536)],
     # Few columns (the hand-written dot-product kernel's range, N <= 16) against K.
     "fewcols": [(m, k, n) for n in (1, 4, 8, 16) for k in (64, 256, 1024, 4096) for m in (2048, 65536)],
+    # bench/linear.py's squares below a few waves of 128x128 tiles, and products of that size with
+    # one long side.
+    "square": [(s, s, s) for s in (512, 1024, 1536, 2048, 3072)] + [(1024, 4096, 1024), (1024, 1024, 4096),
+                                                                     (2048, 2048, 1024), (2048, 1024, 2048)],
 }
 
 
