@@ -13,19 +13,24 @@ FACTOR = 2.0
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None = None) -> float:
+    """||out - ref|| / ||ref||, or / max(||ref||, ||scale||) where the result can be much smaller
+    than its rounding errors' scale (a sum of values of both signs that cancels to near zero)."""
     out64, ref64 = out.double(), ref.double()
     denom = ref64.norm().item()
+    if scale is not None:
+        denom = max(denom, scale.double().norm().item())
     diff = (out64 - ref64).norm().item()
     return diff / denom if denom > 0 else diff
 
 
-def assert_close_to_reference(out, ref64, peer, dtype_name: str, what: str = "output") -> None:
-    """``out`` (ours) and ``peer`` (torch's own computation in the same dtype) against ``ref64``."""
+def assert_close_to_reference(out, ref64, peer, dtype_name: str, what: str = "output", scale=None) -> None:
+    """``out`` (ours) and ``peer`` (torch's own computation in the same dtype) against ``ref64``;
+    errors relative to ``scale`` instead of ``ref64`` where given (see rel_error)."""
     assert out.shape == ref64.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
     assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten output?)"
-    err = rel_error(out, ref64)
-    peer_err = rel_error(peer, ref64) if peer is not None else 0.0
+    err = rel_error(out, ref64, scale)
+    peer_err = rel_error(peer, ref64, scale) if peer is not None else 0.0
     bound = max(FACTOR * peer_err, FLOOR[dtype_name])
     assert err <= bound, f"{what}: relative error {err:.3e} > bound {bound:.3e} (torch's own: {peer_err:.3e})"
 
