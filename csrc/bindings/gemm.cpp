@@ -158,6 +158,9 @@ constexpr int64_t kNarrowNFewColumnsMaxN = 16;
 constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
+// Below half a wave of 128x128 tiles, products up to this K take the transposed 64-row tiles
+// instead of splitting K (select_kernel); longer K (a weight gradient over many rows) still splits.
+constexpr int64_t kSubWaveTransposedMaxK = 4096;
 constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
 constexpr int64_t kLowKLongMaxRows = 8192;
@@ -311,6 +314,27 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;
       if (pick != best_dp) return pick;  // else the rule below (data-parallel from one wave)
     }
+  }
+  // Below half a wave of 128x128 tiles (squares of 512-1024, a 1024 x 1024 output over K = 4096;
+  // fewer columns follow the narrow-N rule above), those tiles leave most SMs idle and split-K pays
+  // a reduction: the transposed 64-row tiles, the narrowest whose grid still runs in one round (a
+  // tile per SM at most) over at least half the SMs. Measured on an H200 (bf16, bias+ReLU, kernel
+  // time from the profiler; bench/NOTES.md section 20): 512^3 64x32 tiles 4.7 us against 10.3 + 1.0
+  // (its workspace memset) for split-K and 8.5 for 128x128 ping-pong; 1024^3 64x128 tiles 7.8
+  // against 12.9 + 1.1 and 11.5; 1024 x 4096 -> 1024 64x128 tiles 19.6 against 20.7 + 1.1 and 25.7.
+  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && N > kNarrowNMaxN && !with_extk_twin &&
+      2 * dp_tiles < sms && K <= kSubWaveTransposedMaxK) {
+    const GemmKernelEntry* pick = nullptr;
+    int64_t pick_tiles = 0;
+    for (const GemmKernelEntry* e : cutlass) {
+      if (!e->transposed || e->stream_k || e->tile_m != 64) continue;
+      const int64_t tiles = output_tiles(*e, M, N, L);
+      if (tiles <= sms && 2 * tiles >= sms && tiles > pick_tiles) {
+        pick = e;
+        pick_tiles = tiles;
+      }
+    }
+    if (pick != nullptr) return pick;
   }
   // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
   // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K

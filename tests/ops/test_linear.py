@@ -716,6 +716,36 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     assert name == forced[expected], (name, expected)
 
 
+# Below half a wave of 128x128 tiles with K <= 4096 and more than 256 columns: the transposed 64-row
+# tiles, the narrowest whose grid runs in one round over at least half the SMs; a longer K keeps split-K.
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("m,k,n", [(512, 512, 512), (1024, 1024, 1024), (1024, 4096, 1024), (600, 1000, 700),
+                                   (300, 2048, 1000), (1024, 8192, 1024)])
+def test_below_half_a_wave_takes_the_transposed_tiles(m, k, n):
+    built = dict(cutlass_ext.build().kernels())
+    if not all(f"sm90_bf16_kk_bias_act_{c}" in built for c in NARROW_N_TILES.values()):
+        pytest.skip("the transposed configs are not in this (selective) build")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert 2 * math.ceil(m / 128) * math.ceil(n / 128) < sms
+    name = heuristic_kernel(m, k, n)
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16)
+    forced = {}
+    for tile_n, cfg in NARROW_N_TILES.items():
+        _, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), config=cfg))
+        forced[tile_n] = names[0]
+    one_round = [t for t in NARROW_N_TILES if sms <= 2 * math.ceil(n / 64) * math.ceil(m / t) <= 2 * sms]
+    if k > 4096 or not one_round:
+        assert name not in forced.values(), name
+        assert "StreamKScheduler" in name, name
+        return
+    expected = min(one_round)
+    assert name == forced[expected], (name, expected)
+
+
 @requires_cuda
 @requires_sm90_path
 @pytest.mark.parametrize("k", [4096, 8192])
