@@ -106,6 +106,12 @@ inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opt
   return t;
 }
 
+// An op's output for a result that was not computed: a tensor of no elements (an op output must
+// be a tensor). Internal callers pass undefined tensors instead and allocate only at the op boundary.
+inline at::Tensor or_empty(const at::Tensor& t, const at::TensorOptions& options) {
+  return t.defined() ? t : at::empty({0}, options);
+}
+
 inline void check_launch(const LaunchResult& r, const char* op, const char* kernel) {
   CE_CHECK(r.ok(), op, ": kernel ", kernel, " failed at ", r.stage, ": ", r.detail);
 }

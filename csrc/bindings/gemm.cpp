@@ -535,7 +535,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
       if (!d.is_same(out3)) out3.copy_(d);
       d = out3;
     }
-    return {shape_out(d), aux ? shape_out(z) : at::empty({0}, options)};
+    return {shape_out(d), aux ? shape_out(z) : at::Tensor()};
   };
 
   if (has_a2 && (K == 0 || a2_3.size(2) == 0)) return without_a2();
@@ -924,13 +924,14 @@ std::tuple<at::Tensor, at::Tensor> linear_cuda(const at::Tensor& a, const at::Te
   CE_CHECK(a.dim() >= 1 && b.dim() == 2, "linear: A must be [..., K] and B [K, N]");
   if (a.dim() == 2) {
     // The common case takes no reshape and no view (each a dispatched op, ~1 us of host time).
-    return gemm_op(a, b, bias, activation, save_preact, call_options(config));
+    auto [y, z] = gemm_op(a, b, bias, activation, save_preact, call_options(config));
+    return {y, or_empty(z, a.options())};
   }
   const at::IntArrayRef lead = a.sizes().slice(0, a.dim() - 1);
   const int64_t K = b.size(0), N = b.size(1);
   auto [y, z] = gemm_op(a.reshape({prod(lead), K}), b, bias, activation, save_preact, call_options(config));
   y = y.view(with_last(lead, {N}));
-  if (z.dim() == 2) z = z.view(with_last(lead, {N}));
+  z = z.defined() ? z.view(with_last(lead, {N})) : at::empty({0}, a.options());
   return {y, z};
 }
 
@@ -944,7 +945,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(
   const int64_t K = b.size(0), N = b.size(1);
   const at::Tensor grad2 = grad.reshape({-1, N});
   at::Tensor grad_z = grad2;
-  at::Tensor grad_bias = at::empty({0}, grad.options());
+  at::Tensor grad_bias;
   if (activation != int64_t(Activation::kNone) || need_grad_bias) {
     c10::optional<at::Tensor> saved2;
     if (saved.has_value()) saved2 = saved->reshape({-1, N});
@@ -956,13 +957,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(
   auto mm = [&](const at::Tensor& x, const at::Tensor& y) {
     return std::get<0>(gemm_op(x, y, c10::nullopt, 0, false, opts));
   };
-  at::Tensor grad_a = need_grad_a ? mm(grad_z, b.t()).view(a.sizes()) : at::empty({0}, grad.options());
-  at::Tensor grad_b = at::empty({0}, grad.options());
+  at::Tensor grad_a, grad_b;
+  if (need_grad_a) grad_a = mm(grad_z, b.t()).view(a.sizes());
   if (need_grad_b) {
     const at::Tensor a2 = a.reshape({-1, K});
     grad_b = grad_b_transposed ? mm(grad_z.t(), a2).t() : mm(a2.t(), grad_z);
   }
-  return {grad_a, grad_b, grad_bias};
+  return {or_empty(grad_a, grad.options()), or_empty(grad_b, grad.options()), or_empty(grad_bias, grad.options())};
 }
 
 at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::optional<c10::string_view> config) {

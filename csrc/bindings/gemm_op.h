@@ -33,7 +33,8 @@ struct GemmExtra {
 
 // D = act(alpha * (A @ B + A2 @ B2) + C + bias) and, when want_aux and the activation's backward
 // needs it, the pre-activation. a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N], any strides; bias: [N].
-// activation is a cutlass_ext::Activation code. Returns (D, Aux); Aux is empty unless stored.
+// activation is a cutlass_ext::Activation code. Returns (D, Aux); Aux is undefined unless stored
+// (an op returning it passes or_empty(Aux)).
 std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor& b,
                                            const c10::optional<at::Tensor>& bias, int64_t activation,
                                            bool want_aux, const GemmOptions& opts, const GemmExtra& extra = {});

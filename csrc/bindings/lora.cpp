@@ -113,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
   low_rank.b2 = lora_B.t();
   auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, low_rank);
   y = y.view(with_last(lead, {out}));
-  if (z.dim() == 2) z = z.view(with_last(lead, {out}));
+  z = z.defined() ? z.view(with_last(lead, {out})) : at::empty({0}, x.options());
   return {y, t_t, z};
 }
 
@@ -135,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
   const GemmOptions opts = gemm_options();
 
   at::Tensor dz = grad2;
-  at::Tensor dbias = at::empty({0}, options);
+  at::Tensor dbias;
   if (activation != int64_t(Activation::kNone) || need_bias) {
     c10::optional<at::Tensor> saved2;
     if (saved.has_value()) saved2 = saved->reshape({-1, out});
@@ -147,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
   at::Tensor u_t;  // [r, M]
   if (need_x || need_A) u_t = mm(lora_B.t().contiguous(), dz.t(), opts);
 
-  at::Tensor dx = at::empty({0}, options);
+  at::Tensor dx;
   if (need_x) {
     GemmExtra low_rank;
     if (dropout_p > 0.0) {
@@ -164,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
   at::Tensor dA = need_A ? mm(u_t, dropped(x2, dropout_p, seed, op), opts, float(scaling)) : at::empty({0}, options);
   at::Tensor dB = need_B ? mm(t, dz, opts, float(scaling)).t().contiguous() : at::empty({0}, options);
   at::Tensor dW = need_weight ? mm(dz.t(), x2, opts) : at::empty({0}, options);
-  return {dx, dW, dA, dB, dbias};
+  return {or_empty(dx, options), dW, dA, dB, or_empty(dbias, options)};
 }
 
 void lora_merge_cuda(const at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
