@@ -690,16 +690,12 @@ def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
 NARROW_N_TILES = {16: "t64x16k128_pp", 32: "t64x32k128_pp", 64: "t64x64_pp", 128: "t64x128_pp"}
 
 
-@requires_cuda
-@requires_sm90_path
-@pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
-                                   (20000, 512, 17), (3000, 2048, 64), (65536, 4096, 8), (2048, 4096, 16),
-                                   (2048, 8192, 16)])
-def test_narrow_n_takes_the_transposed_tiles(m, k, n):
+def heuristic_and_transposed_tiles(m, k, n):
+    """(the heuristic's kernel for a bf16 m x k -> n linear, {tile width: the kernel that config
+    runs} for each transposed 64-row tile); skips where those configs are not built."""
     built = dict(cutlass_ext.build().kernels())
     if not all(f"sm90_bf16_kk_bias_act_{c}" in built for c in NARROW_N_TILES.values()):
         pytest.skip("the transposed configs are not in this (selective) build")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     name = heuristic_kernel(m, k, n)
     A = rand(m, k, device="cuda", dtype=torch.bfloat16)
     W = rand(n, k, device="cuda", dtype=torch.bfloat16)
@@ -707,6 +703,17 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     for tile_n, cfg in NARROW_N_TILES.items():
         _, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), config=cfg))
         forced[tile_n] = names[0]
+    return name, forced
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
+                                   (20000, 512, 17), (3000, 2048, 64), (65536, 4096, 8), (2048, 4096, 16),
+                                   (2048, 8192, 16)])
+def test_narrow_n_takes_the_transposed_tiles(m, k, n):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    name, forced = heuristic_and_transposed_tiles(m, k, n)
     n_padded = math.ceil(n / 8) * 8
     if k > (4096 if n_padded <= 16 else 1024):  # a long K keeps the other rules
         assert name not in forced.values(), name
@@ -725,18 +732,9 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
 @pytest.mark.parametrize("m,k,n", [(512, 512, 512), (1024, 1024, 1024), (1024, 4096, 1024), (600, 1000, 700),
                                    (300, 2048, 1000), (1024, 8192, 1024)])
 def test_below_half_a_wave_takes_the_transposed_tiles(m, k, n):
-    built = dict(cutlass_ext.build().kernels())
-    if not all(f"sm90_bf16_kk_bias_act_{c}" in built for c in NARROW_N_TILES.values()):
-        pytest.skip("the transposed configs are not in this (selective) build")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert 2 * math.ceil(m / 128) * math.ceil(n / 128) < sms
-    name = heuristic_kernel(m, k, n)
-    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
-    W = rand(n, k, device="cuda", dtype=torch.bfloat16)
-    forced = {}
-    for tile_n, cfg in NARROW_N_TILES.items():
-        _, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), config=cfg))
-        forced[tile_n] = names[0]
+    name, forced = heuristic_and_transposed_tiles(m, k, n)
     one_round = [t for t in NARROW_N_TILES if sms <= 2 * math.ceil(n / 64) * math.ceil(m / t) <= 2 * sms]
     if k > 4096 or not one_round:
         assert name not in forced.values(), name
