@@ -65,6 +65,27 @@ class Timer:
         return out
 
 
+def graphed(name, fn):
+    """``fn`` captured in a CUDA graph after warm-up runs on a side stream (one-time work such as
+    compilation and allocator growth stays out of the graph); returns its replay, or None when
+    the provider cannot be captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - a provider that cannot be captured is left out, not fatal
+        torch.cuda.synchronize()
+        print(f"  {name}: not captured in a CUDA graph ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        return None
+    return graph.replay
+
+
 def commit() -> str:
     env = os.environ.get("CUTLASS_EXT_COMMIT")
     if env:

@@ -7,10 +7,13 @@ Providers:
   compile       torch.compile(act(F.linear(x, w, b)), dynamic=True) (one compile covers all shapes)
 
 Shapes (M tokens/batch, K in, N out): LLM projections, DLRM MLP layers, squares.
-Writes bench/results/linear-<device>.json and prints one table per mode.
+Writes bench/results/linear-<device>.json and prints one table per mode. With --graphs each case
+is captured in a CUDA graph and replayed, which leaves the host's launch and autograd cost out:
+the small rows of the forward+backward mode otherwise measure host time.
 
     python bench/linear.py                       # everything
     python bench/linear.py --dtypes bf16 --modes fwd --sets llm
+    python bench/linear.py --dtypes bf16 --modes fwdbwd --graphs
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, write_results  # noqa: E402
+from _common import Timer, geomean, graphed, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -88,6 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument("--providers", default="cutlass_ext,eager,cublaslt,compile")
     parser.add_argument("--bwd-dtypes", default="bf16", help="dtypes for fwdbwd (it is the slow mode)")
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -110,15 +114,18 @@ def main(argv=None) -> int:
                     b = torch.randn(n, device="cuda", dtype=dtype).requires_grad_(needs_grad)
                     grad = torch.randn(m, n, device="cuda", dtype=dtype) if needs_grad else None
                     flops = 2 * m * n * k * (3 if needs_grad else 1)
-                    times = timer.median_us_many({name: case_fn(mode, fn, x, w, b, grad)
-                                                  for name, fn in table.items()})
+                    cases = {name: case_fn(mode, fn, x, w, b, grad) for name, fn in table.items()}
+                    if args.graphs:
+                        cases = {name: graphed(name, fn) for name, fn in cases.items()}
+                        cases = {name: fn for name, fn in cases.items() if fn is not None}
+                    times = timer.median_us_many(cases)
                     for name, us in times.items():
                         rows.append({"mode": mode, "activation": act, "dtype": dtype_name, "set": set_name,
                                      "M": m, "K": k, "N": n, "provider": name, "median_us": us,
                                      "tflops": flops / us / 1e6})
                     del x, w, b, grad
     summary = summarize(rows)
-    path = write_results("linear", {"rows": rows, "summary": summary}, args.out)
+    path = write_results("linear", {"cuda_graphs": args.graphs, "rows": rows, "summary": summary}, args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")
     return 0

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, write_results  # noqa: E402
+from _common import Timer, geomean, graphed, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -121,27 +121,6 @@ def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer):
         fn(x, w, b, a, bb).backward(grad)
 
     return step
-
-
-def graphed(name, fn):
-    """``fn`` captured in a CUDA graph after warm-up runs on a side stream (one-time work such as
-    compilation and allocator growth stays out of the graph); returns its replay, or None when
-    the provider cannot be captured."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception as exc:  # noqa: BLE001 - a provider that cannot be captured is left out, not fatal
-        torch.cuda.synchronize()
-        print(f"  {name}: not captured in a CUDA graph ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
-        return None
-    return graph.replay
 
 
 def merge_cases(wanted, w, a, bb, scaling, peft_layer):
