@@ -100,11 +100,14 @@ def _transposed(tile_n, k_bytes, use):
                       transposed=True)
 
 
+# Each also serves few columns over many rows (N <= 256) and products below half a wave of 128x128
+# tiles (select_kernel in csrc/bindings/gemm.cpp).
+_ALSO = "; few columns; below half a wave of 128x128 tiles"
 TRANSPOSED_CONFIGS = (
-    _transposed(16, 256, "M <= 32 (transposed product)"),
-    _transposed(32, 256, "M <= 64 (transposed product; also small-M backward and aux outputs)"),
-    _transposed(64, 128, "M <= 128 (transposed product)"),
-    _transposed(128, 128, "M <= 256 (transposed product)"),
+    _transposed(16, 256, "M <= 32 (transposed product)" + _ALSO),
+    _transposed(32, 256, "M <= 64 (transposed product; also small-M backward and aux outputs)" + _ALSO),
+    _transposed(64, 128, "M <= 128 (transposed product)" + _ALSO),
+    _transposed(128, 128, "M <= 256 (transposed product); mid M" + _ALSO),
 )
 # TF32 (cooperative configs only): few rows, and the large products whose B is N-major (a
 # row-major [K, N] fp32 matrix), which the non-transposed TF32 kernels cannot read without a copy
