@@ -25,6 +25,7 @@
 
 #include "bindings/common.h"
 #include "bindings/gemm_op.h"
+#include "bindings/gemm_select.h"
 #include "bindings/gemm_tuning.h"
 #include "common/activation.h"
 #include "elementwise/activation_kernels.h"
@@ -126,239 +127,18 @@ int gemm_arch_for(const GemmOptions& opts, int device) {
   return arch;
 }
 
-// Output tiles of a kernel on the caller's M x N product (a transposed kernel tiles N by tile_m).
-int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t L) {
-  if (kernel.transposed) std::swap(M, N);
-  return (M + kernel.tile_m - 1) / kernel.tile_m * ((N + kernel.tile_n - 1) / kernel.tile_n) * L;
-}
-
-// Rows up to which the transposed product is preferred (when such kernels are built).
-constexpr int64_t kTransposedMaxM = 256;
-// Each transposed tile runs all of K. Below a quarter of the SMs' worth of tiles the narrow
-// transposed tiles (up to 64 rows) still beat splitting K for K up to 12288 from 8 tiles: measured
-// on the H200 for LoRA's rank-r products (r = 8-64 rows x 512-2048 columns, K = 4096 and 11008),
-// 12-24 us against 35-52 us for the split-K 128x128 tile. Longer K (a weight gradient over many
-// rows) and wider row counts (not measured) still split.
-constexpr int64_t kTransposedShortKMaxM = 64;
-constexpr int64_t kTransposedShortK = 12288;
-constexpr int64_t kTransposedMinTiles = 8;
-// The hand-written short-K kernel holds all of K in shared memory (K <= 64); it is preferred up to
-// K = 32, and up to K = 64 for at most 8192 rows. Measured on an H200 (bench/gemm_configs.py --set
-// shortk, persistent short-K kernel): at K = 16 it beat every CUTLASS config on every shape; at
-// K = 64 it beat the CUTLASS default up to 8192 rows (2048 x 64 x 4096: 20.5 vs 25.7 us) and lost
-// to it at 32768 rows (198.9 vs 187.7 us).
-// Few columns over many rows (a narrow MLP layer, N <= 256 after padding) with a short K: the
-// transposed product puts the columns in one to four 64-row tiles (select_kernel).
-constexpr int64_t kNarrowNMaxN = 256;
-constexpr int64_t kNarrowNMaxK = 1024;
-// Up to 16 columns the rule holds to K = 4096 (bench/gemm_configs.py --set fewcols, H200): at
-// 65536 x 4096 -> 8 the 64x128 transposed tile took 153 us where the default 128-wide tiles took
-// 294, at 2048 x 4096 -> 16 the 64x16 one 19.5 us against 36.4.
-constexpr int64_t kNarrowNFewColumnsMaxN = 16;
-constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
-// Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
-constexpr int64_t kStreamKMinK = 8192;
-// Below half a wave of 128x128 tiles, products up to this K take the transposed 64-row tiles
-// instead of splitting K (select_kernel); longer K (a weight gradient over many rows) still splits.
-constexpr int64_t kSubWaveTransposedMaxK = 4096;
-constexpr int64_t kLowKMaxK = 64;
-constexpr int64_t kLowKPreferredMaxK = 32;
-constexpr int64_t kLowKLongMaxRows = 8192;
-
 constexpr int64_t kLowKUnalignedMaxRows = 32768;  // see gemm_op
 
-bool is_lowk(const GemmKernelEntry& e) { return std::strcmp(e.family, "lowk") == 0; }
-
-// Whether the short-K kernel is the heuristic's choice for a product of depth K over M x L rows.
-bool lowk_takes(int64_t K, int64_t M, int64_t L) {
-  return K <= kLowKPreferredMaxK || (K <= kLowKMaxK && M * L <= kLowKLongMaxRows);
-}
-
-// Whether a kernel can run a product of depth K.
-bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
-
-// Clusters of a kernel that fit on the current device at once; 0 when it does not run in
-// clusters or the count is unknown.
-int co_resident_clusters(const GemmKernelEntry& e) { return e.active_clusters != nullptr ? e.active_clusters() : 0; }
-
-// The data-parallel kernel `dp` (`tiles` output tiles), or its twin with the same tile in larger
-// clusters where that twin's co-resident grid takes no more rounds of tiles. A 2x2 cluster shares
-// both operand tiles between two CTAs where `dp`'s 1x2 cluster shares one; on an H200 it ran
-// 1.06-1.11x faster at equal rounds, and up to 1.6x slower with one more round (bench/NOTES.md
-// section 13). A twin whose co-resident cluster count is unknown is not taken: its grid would
-// not be sized to what fits.
-const GemmKernelEntry* wider_cluster_twin(const std::vector<const GemmKernelEntry*>& kernels,
-                                          const GemmKernelEntry& dp, int64_t tiles, int sms) {
-  // Rounds of tiles per CTA when `clusters` clusters of `e` run at once (at most one CTA per SM).
-  auto rounds = [&](const GemmKernelEntry& e, int clusters) {
-    const int64_t ctas = clusters > 0 ? std::min<int64_t>(sms, int64_t(clusters) * e.cluster_size) : sms;
-    return (tiles + ctas - 1) / ctas;
-  };
-  for (const GemmKernelEntry* e : kernels) {
-    if (e->cluster_size <= dp.cluster_size || e->transposed || e->stream_k || e->tile_m != dp.tile_m ||
-        e->tile_n != dp.tile_n) {
-      continue;
-    }
-    const int clusters = co_resident_clusters(*e);
-    if (clusters > 0 && rounds(*e, clusters) <= rounds(dp, co_resident_clusters(dp))) return e;
-  }
-  return &dp;
-}
-
-// `with_extk_twin`: the product carries LoRA's rank-r pair (A2, B2), which only the preferred
-// data-parallel config folds into its K loop (gemm/sm90_extk.cuh); the mid-M choice below is
-// skipped so that the pair stays in the main GEMM.
-const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
-                                     int64_t K, int64_t L, int sms, const std::string& config,
-                                     bool with_extk_twin) {
-  if (!config.empty()) {
-    std::string names;
-    for (const GemmKernelEntry* e : candidates) {
-      if (config == e->config) return e;
-      names += std::string(" ") + e->config;
-    }
-    CE_CHECK(false, "config '", config, "' is not built for this dtype, layout and epilogue and shape; built:", names);
-  }
-  // A short K makes the product a stream over C and D: the hand-written kernel's case.
+// The kernel of a forced config (GemmOptions::config) among the candidates.
+const GemmKernelEntry* forced_kernel(const std::vector<const GemmKernelEntry*>& candidates,
+                                     const std::string& config) {
+  std::string names;
   for (const GemmKernelEntry* e : candidates) {
-    if (is_lowk(*e) && lowk_takes(K, M, L)) return e;
+    if (config == e->config) return e;
+    names += std::string(" ") + e->config;
   }
-  std::vector<const GemmKernelEntry*> cutlass;
-  for (const GemmKernelEntry* e : candidates) {
-    if (!is_lowk(*e)) cutlass.push_back(e);
-  }
-  if (cutlass.empty()) return candidates.front();
-  // Few rows: the transposed kernel with the narrowest tile that takes them in at most two
-  // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
-  // the SMs, or K is short enough for fewer tiles (above), or it splits K (a narrow N with a
-  // long K, like a weight gradient, goes to split-K).
-  if (M <= kTransposedMaxM) {
-    const GemmKernelEntry* best = nullptr;
-    for (const GemmKernelEntry* e : cutlass) {
-      if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
-    }
-    if (best != nullptr) {
-      const int64_t tiles = output_tiles(*best, M, N, L);
-      const bool short_k = M <= kTransposedShortKMaxM && K <= kTransposedShortK && tiles >= kTransposedMinTiles;
-      if (best->stream_k || tiles * 4 >= sms || short_k) return best;
-    }
-  }
-  // Few columns, many rows, short K: the transposed product, where the 128-wide tiles spent most
-  // of each tile on columns that are not there. The widest transposed tile whose grid fills the
-  // SMs at least once, else the narrowest (the most tiles). Measured on an H200 (bf16,
-  // bench/gemm_configs.py --set dlrm, bench/NOTES.md section 16): 65536 x 64 -> 16 34.6 -> 15.6 us,
-  // 65536 x 256 -> 64 39.3 -> 22.0, 2048 x 256 -> 64 30.8 -> 10.4, 2048 x 512 -> 256 20.6 -> 9.2;
-  // on the set's narrow shapes 1.03x the best built config (geomean), at most 1.11x. Longer K
-  // (weight gradients over many rows) keeps the rules below, but up to 16 columns the rule holds
-  // to K = 4096 (above).
-  const int64_t narrow_max_k = N <= kNarrowNFewColumnsMaxN ? kNarrowNFewColumnsMaxK : kNarrowNMaxK;
-  if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= narrow_max_k && !with_extk_twin) {
-    const GemmKernelEntry* widest = nullptr;
-    const GemmKernelEntry* narrowest = nullptr;
-    for (const GemmKernelEntry* e : cutlass) {
-      if (!e->transposed || e->stream_k || e->tile_m != 64) continue;
-      if (output_tiles(*e, M, N, L) >= int64_t(sms) && (widest == nullptr || e->tile_n > widest->tile_n)) {
-        widest = e;
-      }
-      if (narrowest == nullptr || e->tile_n < narrowest->tile_n) narrowest = e;
-    }
-    if (widest != nullptr) return widest;
-    if (narrowest != nullptr) return narrowest;
-  }
-  // Otherwise the first data-parallel config (the kernel table lists them in order of
-  // preference) when its tiles fill the machine at least once, else the stream-K config, which
-  // splits the K loop to occupy every SM. Transposed kernels take part only when nothing else
-  // reads the layout (TF32 with an N-major B).
-  const bool only_transposed =
-      std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
-  const GemmKernelEntry* best_dp = nullptr;
-  const GemmKernelEntry* best_sk = nullptr;
-  for (const GemmKernelEntry* e : cutlass) {
-    if (e->transposed != only_transposed) continue;
-    const GemmKernelEntry*& slot = e->stream_k ? best_sk : best_dp;
-    if (slot == nullptr) slot = e;
-  }
-  const int64_t dp_tiles = best_dp != nullptr ? output_tiles(*best_dp, M, N, L) : 0;
-  // Between one and two waves of the preferred tiles with the second wave under half full and a
-  // long K, the stream-K config with the same tile spreads the last wave's K loops over every SM
-  // (split_k_factor returns 0 there: CUTLASS's stream-K decomposition). Measured on an H200
-  // (bf16, bench/NOTES.md section 12): 768 x 11008 -> 4096 108.7 us against 122.3 for the best
-  // data-parallel config, 768 x 8192 -> 4096 87.0 against 94.6; at K = 4096 the fix-up of the
-  // split tiles cost more than the balance gained (768 x 4096 x 4096: 55.4 against 49.4).
-  if (best_dp != nullptr && best_sk != nullptr && !only_transposed && !with_extk_twin && K >= kStreamKMinK &&
-      best_sk->tile_m == best_dp->tile_m && best_sk->tile_n == best_dp->tile_n && dp_tiles > sms &&
-      dp_tiles < 2 * int64_t(sms) && 2 * (dp_tiles - sms) < sms) {
-    return best_sk;
-  }
-  // Between half a wave and two waves of the preferred tiles (M = 512-1024 against 4096-wide
-  // weights), the forward has two more kernels: the cooperative config, whose CTAs keep both math
-  // warpgroups on each tile where a ping-pong CTA has one tile for one of them, and the transposed
-  // 64x128 tiles. Whichever fills its last wave better by more than a tenth of a wave wins,
-  // the cooperative tiles on a tie. Measured on an H200 (bench/gemm_configs.py --set mid): this
-  // picks the best of the built configs within 2% on M = 512-2048 with K, N of 4096 and 11008;
-  // at 768 x 4096 x 4096 a 128x128 grid leaves its second wave 45% full and the 64x128 tiles
-  // ran 1.05-1.19x faster.
-  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin) {
-    const GemmKernelEntry* coop = nullptr;
-    const GemmKernelEntry* narrow = nullptr;
-    for (const GemmKernelEntry* e : cutlass) {
-      if (!e->transposed && !e->stream_k && e != best_dp && coop == nullptr) coop = e;
-      if (e->transposed && !e->stream_k && e->tile_m == 64 && e->tile_n == 128) narrow = e;
-    }
-    if ((coop != nullptr || narrow != nullptr) && 2 * dp_tiles >= sms && dp_tiles < 2 * int64_t(sms)) {
-      auto last_wave_fill = [&](const GemmKernelEntry& e) {
-        const int64_t tiles = output_tiles(e, M, N, L);
-        return double(tiles) / double((tiles + sms - 1) / sms * sms);
-      };
-      const GemmKernelEntry* pick = coop != nullptr ? coop : best_dp;
-      if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;
-      if (pick != best_dp) return pick;  // else the rule below (data-parallel from one wave)
-    }
-  }
-  // Below half a wave of 128x128 tiles (squares of 512-1024, a 1024 x 1024 output over K = 4096;
-  // fewer columns follow the narrow-N rule above), those tiles leave most SMs idle and split-K pays
-  // a reduction: the transposed 64-row tiles, the narrowest whose grid still runs in one round (a
-  // tile per SM at most) over at least half the SMs. Measured on an H200 (bf16, bias+ReLU, kernel
-  // time from the profiler; bench/NOTES.md section 20): 512^3 64x32 tiles 4.7 us against 10.3 + 1.0
-  // (its workspace memset) for split-K and 8.5 for 128x128 ping-pong; 1024^3 64x128 tiles 7.8
-  // against 12.9 + 1.1 and 11.5; 1024 x 4096 -> 1024 64x128 tiles 19.6 against 20.7 + 1.1 and 25.7.
-  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && N > kNarrowNMaxN && !with_extk_twin &&
-      2 * dp_tiles < sms && K <= kSubWaveTransposedMaxK) {
-    const GemmKernelEntry* pick = nullptr;
-    int64_t pick_tiles = 0;
-    for (const GemmKernelEntry* e : cutlass) {
-      if (!e->transposed || e->stream_k || e->tile_m != 64) continue;
-      const int64_t tiles = output_tiles(*e, M, N, L);
-      if (tiles <= sms && 2 * tiles >= sms && tiles > pick_tiles) {
-        pick = e;
-        pick_tiles = tiles;
-      }
-    }
-    if (pick != nullptr) return pick;
-  }
-  // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
-  // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K
-  // tiles ran 2048^2 x 2048 4.6x slower than cuBLAS).
-  if (best_dp != nullptr && (dp_tiles >= sms || best_sk == nullptr || only_transposed)) {
-    return with_extk_twin || only_transposed ? best_dp : wider_cluster_twin(cutlass, *best_dp, dp_tiles, sms);
-  }
-  return best_sk;
-}
-
-// Split count for a stream-K kernel. Below one wave of output tiles: as many splits as fit in one
-// wave, at most 16 and at least 4 K-tiles (128-byte deep stages) per split; left to CUTLASS's
-// stream-K decomposition instead, a handful of output tiles with a very long K (the weight
-// gradient of a narrow layer over 65536 rows) was cut into ~132 pieces whose deterministic
-// reduction then ran as one 132-step serial chain. From one wave on: 1 (data-parallel) when the
-// waves are full, else 0, CUTLASS's stream-K decomposition, which shares the K loops of the last
-// two waves' tiles among all SMs (at most a few pieces per tile).
-int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int64_t L, int sms,
-                   int64_t element_size) {
-  const int64_t tiles = output_tiles(kernel, M, N, L);
-  if (tiles >= sms) return tiles % sms != 0 ? 0 : 1;
-  const int64_t k_tiles = (K + 128 / element_size - 1) / (128 / element_size);
-  const int64_t splits = std::min<int64_t>({sms / tiles, 16, k_tiles / 4});
-  return int(std::max<int64_t>(splits, 1));
+  CE_CHECK(false, "config '", config, "' is not built for this dtype, layout and epilogue and shape; built:", names);
+  return nullptr;
 }
 
 bool stream_is_capturing(cudaStream_t stream) {
@@ -799,7 +579,10 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
       tuning::record(key, kernel->config);
     }
   }
-  if (kernel == nullptr) kernel = select_kernel(candidates, M, Np, Kp, L, p.sm_count, opts.config, has_a2);
+  if (kernel == nullptr) {
+    kernel = opts.config.empty() ? select_kernel(candidates, M, Np, Kp, L, p.sm_count, has_a2)
+                                 : forced_kernel(candidates, opts.config);
+  }
   if (has_a2) {
     // The extended-K twin of the chosen kernel, when A2 and B2 are readable with A's and B's
     // majorness (N is unpadded here: see above); otherwise the second product runs first.

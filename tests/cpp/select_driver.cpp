@@ -1,0 +1,94 @@
+// Runs the GEMM kernel heuristic (csrc/bindings/gemm_select.h) on kernel entries and shapes read
+// from stdin, without a GPU (tests/test_select.py). Lines:
+//   kernel <config> <family> <tile_m> <tile_n> <cluster_size> <stream_k> <transposed> <active_clusters>
+//     appends a candidate (kernel table order; the transposed kernels last, as the binding does);
+//   query <M> <N> <K> <L> <sms> <with_extk_twin> <element_size>
+//     prints "<config> <splits>" (splits: split_k_factor for a stream-K pick, else 1);
+//   reset
+//     clears the candidates.
+#include <array>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/gemm_select.h"
+
+namespace {
+
+constexpr int kMaxKernels = 64;
+std::array<int, kMaxKernels> g_clusters{};
+
+// One function per slot: GemmKernelEntry holds a plain function pointer for the cluster count.
+template <int I>
+int clusters_of() {
+  return g_clusters[I];
+}
+template <int... I>
+constexpr std::array<cutlass_ext::GemmActiveClustersFn, sizeof...(I)> cluster_fns(std::integer_sequence<int, I...>) {
+  return {&clusters_of<I>...};
+}
+constexpr auto kClusterFns = cluster_fns(std::make_integer_sequence<int, kMaxKernels>{});
+
+}  // namespace
+
+int main() {
+  std::deque<std::string> strings;  // stable storage for the entries' names
+  std::deque<cutlass_ext::GemmKernelEntry> entries;
+  std::vector<const cutlass_ext::GemmKernelEntry*> candidates;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string what;
+    in >> what;
+    if (what == "kernel") {
+      std::string config, family;
+      int tile_m, tile_n, cluster_size, stream_k, transposed, clusters;
+      in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters;
+      if (!in || candidates.size() >= size_t(kMaxKernels)) {
+        std::printf("error: bad kernel line: %s\n", line.c_str());
+        return 1;
+      }
+      const int slot = int(candidates.size());
+      g_clusters[slot] = clusters;
+      strings.push_back(config);
+      const char* config_name = strings.back().c_str();
+      strings.push_back(family);
+      cutlass_ext::GemmKernelEntry e{};
+      e.name = config_name;
+      e.family = strings.back().c_str();
+      e.config = config_name;
+      e.arch = 90;
+      e.tile_m = tile_m;
+      e.tile_n = tile_n;
+      e.cluster_size = cluster_size;
+      e.stream_k = stream_k != 0;
+      e.transposed = transposed != 0;
+      e.active_clusters = kClusterFns[slot];
+      entries.push_back(e);
+      candidates.push_back(&entries.back());
+    } else if (what == "query") {
+      long long M, N, K, L, element_size;
+      int sms, extk;
+      in >> M >> N >> K >> L >> sms >> extk >> element_size;
+      if (!in || candidates.empty()) {
+        std::printf("error: bad query line (or no kernels): %s\n", line.c_str());
+        return 1;
+      }
+      const cutlass_ext::GemmKernelEntry* e = cutlass_ext::select_kernel(candidates, M, N, K, L, sms, extk != 0);
+      const int splits = e->stream_k ? cutlass_ext::split_k_factor(*e, M, N, K, L, sms, element_size) : 1;
+      std::printf("%s %d\n", e->config, splits);
+    } else if (what == "reset") {
+      candidates.clear();
+      g_clusters.fill(0);
+    } else if (!what.empty()) {
+      std::printf("error: unknown line: %s\n", line.c_str());
+      return 1;
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,158 @@
+"""The GEMM kernel heuristic (csrc/bindings/gemm_select.cpp) without a GPU: a small driver
+(tests/cpp/select_driver.cpp) compiled with the host C++ compiler runs it on the kernel table's
+candidates for a bf16 forward (A K-major, B = a K-major weight transpose), as the binding gathers
+them, and the rules' expectations are recomputed here from tile counts. The GPU tests
+(tests/ops/test_linear.py) check the same rules on the kernels that actually run."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cutlass_ext import _build, _kernel_table
+
+ROOT = Path(__file__).resolve().parent.parent
+SMS = 132  # an H100 SXM / H200
+# Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
+# fewer 4-CTA clusters fit than 2-CTA ones); the binding asks the driver for these.
+CLUSTERS = {1: 0, 2: 66, 4: 30}
+TRANSPOSED = {16: "t64x16k128_pp", 32: "t64x32k128_pp", 64: "t64x64_pp", 128: "t64x128_pp"}
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    try:
+        cuda_include = _build.find_cuda_home() / "include"
+    except _build.BuildError as exc:
+        pytest.skip(f"no CUDA toolkit headers: {exc}")
+    exe = tmp_path_factory.mktemp("select") / "select_driver"
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}", f"-I{cuda_include}",
+                    str(ROOT / "tests" / "cpp" / "select_driver.cpp"),
+                    str(ROOT / "csrc" / "bindings" / "gemm_select.cpp"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
+def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16") -> list[str]:
+    """The binding's candidates (gemm_op: kernels_for for the caller's layout, those that run depth
+    k, then the transposed kernels, which read B as their first operand) for a forward with a
+    K-major A and weight, as driver lines, in the kernel table's order."""
+    def line(kernel):
+        cfg = kernel.config
+        if isinstance(cfg, _kernel_table.GemmConfig):
+            tile_m, tile_n, cluster = cfg.tile_m, cfg.tile_n, cfg.cluster_m * cfg.cluster_n
+            stream_k, transposed = cfg.stream_k, cfg.transposed
+        else:
+            (tile_m, tile_n), cluster, stream_k, transposed = cfg.tile, 1, False, False
+        return (f"kernel {cfg.name} {kernel.family} {tile_m} {tile_n} {cluster} {int(stream_k)} {int(transposed)} "
+                f"{CLUSTERS[cluster]}")
+
+    def on_path(kernel):  # the Hopper path's kernels for this layout; the few-column kernel is chosen apart
+        return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk") and kernel.a_major == "k"
+                and kernel.b_major == "k" and kernel.aux == aux and not kernel.with_c and not kernel.ext_k)
+
+    kernels = [kern for kern in _kernel_table.all_kernels() if on_path(kern)]
+    transposed = [kern for kern in kernels if kern.family == "sm90" and kern.config.transposed]
+    direct = [kern for kern in kernels if kern not in transposed and (kern.family != "lowk" or k <= 64)]
+    return [line(kern) for kern in direct + transposed]
+
+
+def pick(driver, m, k, n, *, aux=False, extk=False) -> tuple[str, int]:
+    """(config, split count) the heuristic picks for an m x k -> n bf16 forward on SMS SMs, with N
+    and K padded to 8 as the binding passes them."""
+    n_p, k_p = math.ceil(n / 8) * 8, math.ceil(k / 8) * 8
+    lines = candidate_lines(k_p, aux) + [f"query {m} {n_p} {k_p} 1 {SMS} {int(extk)} 2"]
+    out = subprocess.run([str(driver)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+    config, splits = out.stdout.split()
+    return config, int(splits)
+
+
+def tiles(m, n, tile_m, tile_n):
+    return math.ceil(m / tile_m) * math.ceil(n / tile_n)
+
+
+@pytest.mark.parametrize("m,k,n", [(512, 512, 512), (1024, 1024, 1024), (1024, 4096, 1024), (600, 1000, 700),
+                                   (300, 2048, 1000), (1024, 8192, 1024)])
+def test_below_half_a_wave_takes_the_narrowest_one_round_transposed_tile(driver, m, k, n):
+    assert 2 * tiles(m, n, 128, 128) < SMS
+    config, splits = pick(driver, m, k, n)
+    one_round = [t for t in TRANSPOSED if SMS <= 2 * tiles(n, m, 64, t) <= 2 * SMS]
+    if k > 4096 or not one_round:
+        assert config == "128x128_1x1_coop_sk" and splits > 1, (config, splits)
+    else:
+        assert config == TRANSPOSED[min(one_round)], (config, one_round)
+
+
+@pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
+                                   (20000, 512, 17), (3000, 2048, 64), (65536, 4096, 8), (2048, 4096, 16)])
+def test_few_columns_take_the_widest_transposed_tile_that_fills_the_sms(driver, m, k, n):
+    config, _ = pick(driver, m, k, n)
+    n_p = math.ceil(n / 8) * 8
+    if k > (4096 if n_p <= 16 else 1024):
+        assert config not in TRANSPOSED.values(), config
+        return
+    filling = [t for t in TRANSPOSED if tiles(n_p, m, 64, t) >= SMS]
+    assert config == TRANSPOSED[max(filling) if filling else min(TRANSPOSED)], config
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 100, 128, 200, 256])
+def test_few_rows_take_the_narrowest_transposed_tile_that_holds_them(driver, m):
+    config, _ = pick(driver, m, 4096, 4096)
+    widths = [t for t in TRANSPOSED if 2 * t >= m]
+    assert config == TRANSPOSED[min(widths)], config
+
+
+def test_short_k_takes_the_hand_written_kernel(driver):
+    assert pick(driver, 32768, 16, 4096)[0] == "lowk_64x128"
+    assert pick(driver, 8192, 64, 4096)[0] == "lowk_64x128"
+    assert pick(driver, 32768, 64, 4096)[0] != "lowk_64x128"  # many rows at K = 64: CUTLASS
+
+
+@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000)])
+def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, n):
+    config, _ = pick(driver, m, 264, n)
+    square = tiles(m, n, 128, 128)
+    assert 2 * square >= SMS and square < 2 * SMS
+    fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
+    expected = "t64x128_pp" if fill(tiles(n, m, 64, 128)) > fill(square) + 0.1 else "128x128_2x1_coop"
+    assert config == expected, config
+
+
+@pytest.mark.parametrize("k", [4096, 8192])
+def test_partial_second_wave_with_a_long_k_takes_stream_k(driver, k):
+    n = 128 * math.ceil(1.3 * SMS / 6)
+    assert SMS < tiles(768, n, 128, 128) < 1.5 * SMS
+    config, splits = pick(driver, 768, k, n)
+    if k >= 8192:  # CUTLASS's stream-K decomposition (split count 0)
+        assert (config, splits) == ("128x128_1x1_coop_sk", 0), (config, splits)
+    else:
+        assert config != "128x128_1x1_coop_sk" and splits == 1, (config, splits)
+
+
+def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds(driver):
+    wide_ctas, dp_ctas = min(SMS, 4 * CLUSTERS[4]), min(SMS, 2 * CLUSTERS[2])
+    for n_tiles in (math.ceil((2 * SMS + 8) / 8), math.ceil(4 * SMS / 8)):
+        count = 8 * n_tiles
+        takes_wide = math.ceil(count / wide_ctas) <= math.ceil(count / dp_ctas)
+        config, _ = pick(driver, 1024, 512, 128 * n_tiles)
+        assert config == ("128x128_2x2_pp" if takes_wide else "128x128_1x2_pp"), (count, config)
+
+
+def test_lora_products_keep_the_extended_k_config(driver):
+    # Mid-M and sub-wave rules are skipped when the product carries LoRA's rank-r pair.
+    assert pick(driver, 768, 4096, 4096, extk=True)[0] == "128x128_1x2_pp"
+    assert pick(driver, 768, 4096, 4096)[0] != "128x128_1x2_pp"
+
+
+def test_the_aux_forward_has_only_the_32_wide_transposed_tile(driver):
+    # The GELU training forward: one transposed tile is built for it, which the sub-wave rule takes
+    # only where its grid runs in one round.
+    assert pick(driver, 512, 512, 512, aux=True)[0] == "t64x32k128_pp"
+    assert pick(driver, 1024, 1024, 1024, aux=True)[0] == "128x128_1x1_coop_sk"
