@@ -22,11 +22,12 @@ def stores_preactivation(activation: str, save_preact: bool) -> bool:
 
 def wants_preactivation(activation: str, *tensors) -> bool:
     """The ``save_preact`` a public function passes: z is kept only when a backward will need it."""
-    return (
-        activation in NEEDS_PREACTIVATION
-        and torch.is_grad_enabled()
-        and any(t is not None and t.requires_grad for t in tensors)
-    )
+    if activation not in NEEDS_PREACTIVATION or not torch.is_grad_enabled():
+        return False
+    for t in tensors:  # a loop, not any() over a generator: ~1 us less a call
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 def saved_for_backward(activation: str, y: torch.Tensor, preact: torch.Tensor, save_preact: bool):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _activation
-from ._checks import check_config, check_dtype, check_pair, check_tensor, check_vector
+from ._checks import SUPPORTED_DTYPES, check_config, check_dtype, check_pair, check_tensor, check_vector
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -33,7 +33,24 @@ torch.library.define(
 # Argument checks (messages name the argument and the fix)
 
 
+def _linear_args_ok(A, B, bias) -> bool:
+    """The common valid call in a few attribute reads; the checks below, which name what is wrong,
+    run only when this is False (5.9 -> 3.8 us a call with a bias, measured on a slow host CPU)."""
+    try:
+        dtype = A.dtype
+        return (
+            B.dtype is dtype and dtype in SUPPORTED_DTYPES and B.ndim == 2 and A.ndim >= 1
+            and A.shape[-1] == B.shape[0] and A.device == B.device
+            and (bias is None or (bias.dtype is dtype and bias.ndim == 1 and bias.shape[0] == B.shape[1]
+                                  and bias.device == A.device))
+        )
+    except AttributeError:  # not tensors: the checks say which argument
+        return False
+
+
 def check_linear_args(A, B, bias, op: str = "linear") -> None:
+    if _linear_args_ok(A, B, bias):
+        return
     check_tensor(A, "A", op)
     check_tensor(B, "B", op)
     check_dtype(A, "A", op)
