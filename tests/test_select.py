@@ -1,7 +1,7 @@
 """The GEMM kernel heuristic (csrc/bindings/gemm_select.cpp) without a GPU: a small driver
 (tests/cpp/select_driver.cpp) compiled with the host C++ compiler runs it on the kernel table's
-candidates for a bf16 forward (A K-major, B = a K-major weight transpose), as the binding gathers
-them, and the rules' expectations are recomputed here from tile counts. The GPU tests
+candidates for a forward (bf16 with a weight's transpose as B, and TF32 with either B layout), as
+the binding gathers them, and the rules' expectations are recomputed here from tile counts. The GPU tests
 (tests/ops/test_linear.py) check the same rules on the kernels that actually run."""
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ def driver(tmp_path_factory):
     return exe
 
 
-def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16") -> list[str]:
-    """The binding's candidates (gemm_op: kernels_for for the caller's layout, those that run depth
-    k, then the transposed kernels, which read B as their first operand) for a forward with a
-    K-major A and weight, as driver lines, in the kernel table's order."""
+def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str = "k",
+                    b_major: str = "k") -> list[str]:
+    """The binding's candidates (gemm_op: kernels_for the caller's layout, those that run depth k,
+    then the transposed kernels, which read B as their first operand and A as their second) on
+    the Hopper path, as driver lines, in the kernel table's order. a_major: "k" or "m" (A row-major
+    or not); b_major: "k" (a weight's transpose) or "n" (a row-major [K, N] B)."""
     def line(kernel):
         cfg = kernel.config
         if isinstance(cfg, _kernel_table.GemmConfig):
@@ -54,21 +56,27 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16") -> list[str]
         return (f"kernel {cfg.name} {kernel.family} {tile_m} {tile_n} {cluster} {int(stream_k)} {int(transposed)} "
                 f"{CLUSTERS[cluster]}")
 
-    def on_path(kernel):  # the Hopper path's kernels for this layout; the few-column kernel is chosen apart
-        return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk") and kernel.a_major == "k"
-                and kernel.b_major == "k" and kernel.aux == aux and not kernel.with_c and not kernel.ext_k)
+    def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
+        return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
+                and (kernel.a_major, kernel.b_major) == (a, b) and kernel.aux == aux
+                and not kernel.with_c and not kernel.ext_k
+                and (kernel.family == "sm90" and kernel.config.transposed) == transposed)
 
-    kernels = [kern for kern in _kernel_table.all_kernels() if on_path(kern)]
-    transposed = [kern for kern in kernels if kern.family == "sm90" and kern.config.transposed]
-    direct = [kern for kern in kernels if kern not in transposed and (kern.family != "lowk" or k <= 64)]
+    kernels = _kernel_table.all_kernels()
+    direct = [kern for kern in kernels if on_path(kern, a_major, b_major, False) and (kern.family != "lowk" or k <= 64)]
+    swapped = ("k" if b_major == "k" else "m", "k" if a_major == "k" else "n")
+    transposed = [kern for kern in kernels if on_path(kern, *swapped, True)]
     return [line(kern) for kern in direct + transposed]
 
 
-def pick(driver, m, k, n, *, aux=False, extk=False) -> tuple[str, int]:
-    """(config, split count) the heuristic picks for an m x k -> n bf16 forward on SMS SMs, with N
-    and K padded to 8 as the binding passes them."""
-    n_p, k_p = math.ceil(n / 8) * 8, math.ceil(k / 8) * 8
-    lines = candidate_lines(k_p, aux) + [f"query {m} {n_p} {k_p} 1 {SMS} {int(extk)} 2"]
+def pick(driver, m, k, n, *, aux=False, extk=False, dtype="bf16", b_major="k") -> tuple[str, int]:
+    """(config, split count) the heuristic picks for an m x k -> n forward on SMS SMs, with N and K
+    padded to 16 bytes as the binding passes them."""
+    align = 4 if dtype == "tf32" else 8
+    n_p, k_p = math.ceil(n / align) * align, math.ceil(k / align) * align
+    element_size = 4 if dtype == "tf32" else 2
+    query = f"query {m} {n_p} {k_p} 1 {SMS} {int(extk)} {element_size}"
+    lines = candidate_lines(k_p, aux, dtype, "k", b_major) + [query]
     out = subprocess.run([str(driver)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
     config, splits = out.stdout.split()
     return config, int(splits)
@@ -156,3 +164,19 @@ def test_the_aux_forward_has_only_the_32_wide_transposed_tile(driver):
     # only where its grid runs in one round.
     assert pick(driver, 512, 512, 512, aux=True)[0] == "t64x32k128_pp"
     assert pick(driver, 1024, 1024, 1024, aux=True)[0] == "128x128_1x1_coop_sk"
+
+
+@pytest.mark.parametrize("m", [32, 2048, 4096])
+def test_tf32_with_a_row_major_b_reads_it_through_the_transposed_product(driver, m):
+    # The non-transposed TF32 kernels cannot read an N-major B: the transposed ones read it as their
+    # M-major first operand, split over K for few rows, data-parallel 128x256 tiles otherwise.
+    config, splits = pick(driver, m, 4096, 4096, dtype="tf32", b_major="n")
+    if m <= 64:
+        assert config == "t128x32_coop_sk" and splits > 1, (config, splits)
+    else:
+        assert (config, splits) == ("t128x256_2x1_coop_tf32", 1), (config, splits)
+
+
+def test_tf32_with_a_weight_takes_the_cooperative_tiles(driver):
+    assert pick(driver, 4096, 4096, 4096, dtype="tf32")[0] == "128x256_2x1_coop"
+    assert pick(driver, 512, 4096, 512, dtype="tf32")[0] == "128x128_1x1_coop_sk"  # below a wave: split-K
