@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import _rng
-from ._checks import check_dtype, check_tensor, check_vector
+from ._checks import SUPPORTED_DTYPES, check_dtype, check_tensor, check_vector
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -156,7 +156,24 @@ register_cuda_loader("_layer_norm_backward", _layer_norm_backward_reference)
 # Public function
 
 
+def _layer_norm_args_ok(x, weight, bias, eps, dropout_p) -> bool:
+    """The common valid call in a few attribute reads; the checks below, which name what is wrong,
+    run only when this is False."""
+    try:
+        dtype, device, cols = x.dtype, x.device, x.shape[-1]
+
+        def fits(t):
+            return t is None or (t.dtype is dtype and t.ndim == 1 and t.shape[0] == cols and t.device == device)
+
+        return (dtype in SUPPORTED_DTYPES and cols >= 1 and eps >= 0 and 0.0 <= dropout_p <= 1.0 and fits(weight)
+                and fits(bias))
+    except (AttributeError, IndexError, TypeError):  # not tensors, a 0-d x, a non-number eps
+        return False
+
+
 def check_layer_norm_args(x, weight, bias, eps, dropout_p, op: str = "layer_norm") -> None:
+    if _layer_norm_args_ok(x, weight, bias, eps, dropout_p):
+        return
     check_tensor(x, "x", op)
     check_dtype(x, "x", op)
     if x.dim() < 1 or x.shape[-1] < 1:
@@ -166,7 +183,7 @@ def check_layer_norm_args(x, weight, bias, eps, dropout_p, op: str = "layer_norm
         )
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None:
-            check_vector(x, "x", t, name, x.shape[-1], f"[C] = [{x.shape[-1]}] (x's last dimension)", op)
+            check_vector(x, "x", t, name, x.shape[-1], "C (x's last dimension)", op)
     if not eps >= 0:
         raise ValueError(f"cutlass_ext.{op}: eps must be >= 0, got {eps}")
     if not 0.0 <= dropout_p <= 1.0:

@@ -68,7 +68,7 @@ def check_linear_args(A, B, bias, op: str = "linear") -> None:
             "B must be [K, N] (for an nn.Linear weight of shape [N, K] pass weight.t())"
         )
     if bias is not None:
-        check_vector(A, "A", bias, "bias", B.shape[1], f"[N] = [{B.shape[1]}] (B's columns)", op)
+        check_vector(A, "A", bias, "bias", B.shape[1], "N (B's columns)", op)
 
 
 def check_matmul_args(A, B) -> None:

@@ -92,7 +92,7 @@ def check_lora_linear_args(x, weight, lora_A, lora_B, bias, scaling, dropout_p, 
             f"(weight is [{weight.shape[0]}, {weight.shape[1]}]), got shape {tuple(x.shape)}"
         )
     if bias is not None:
-        check_vector(x, "x", bias, "bias", weight.shape[0], f"[out_features] = [{weight.shape[0]}]", op)
+        check_vector(x, "x", bias, "bias", weight.shape[0], "out_features", op)
     _check_scaling(scaling, op)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"cutlass_ext.{op}: dropout_p must be a number in [0, 1], got {dropout_p!r}")

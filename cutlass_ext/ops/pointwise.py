@@ -135,7 +135,7 @@ def check_bias_act_args(x, bias, scale, residual) -> None:
     if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise TypeError(f"cutlass_ext.{op}: scale must be a Python number, got {type(scale).__name__}")
     if bias is not None:
-        check_vector(x, "x", bias, "bias", x.shape[-1], f"[C] = [{x.shape[-1]}] (x's last dimension)", op)
+        check_vector(x, "x", bias, "bias", x.shape[-1], "C (x's last dimension)", op)
     if residual is not None:
         check_tensor(residual, "residual", op)
         check_pair(x, "x", residual, "residual", op)
