@@ -101,7 +101,7 @@ def _transposed(tile_n, k_bytes, use):
 
 
 # Each also serves few columns over many rows (N <= 256) and products below half a wave of 128x128
-# tiles (select_kernel in csrc/bindings/gemm.cpp).
+# tiles (select_kernel in csrc/bindings/gemm_select.cpp).
 _ALSO = "; few columns; below half a wave of 128x128 tiles"
 TRANSPOSED_CONFIGS = (
     _transposed(16, 256, "M <= 32 (transposed product)" + _ALSO),

@@ -26,7 +26,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor | None =
 
 def assert_close_to_reference(out, ref64, peer, dtype_name: str, what: str = "output", scale=None) -> None:
     """``out`` (ours) and ``peer`` (torch's own computation in the same dtype) against ``ref64``;
-    errors relative to ``scale`` instead of ``ref64`` where given (see rel_error)."""
+    errors relative to the larger of ``ref64`` and ``scale`` where ``scale`` is given (see rel_error)."""
     assert out.shape == ref64.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
     assert torch.isfinite(out).all(), f"{what}: non-finite values (unwritten output?)"
     err = rel_error(out, ref64, scale)

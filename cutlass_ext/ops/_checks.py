@@ -33,6 +33,12 @@ def check_dtype(x: torch.Tensor, name: str, op: str) -> None:
         )
 
 
+def vector_fits(t, dtype: torch.dtype, length: int, device: torch.device) -> bool:
+    """Whether ``t`` (a tensor) is 1-D of ``length`` elements with this dtype and device: the fast
+    test of a valid call's bias or weight, before check_vector names what is wrong."""
+    return t.dtype is dtype and t.ndim == 1 and t.shape[0] == length and t.device == device
+
+
 def check_vector(ref: torch.Tensor, ref_name: str, t, name: str, length: int, dim: str, op: str) -> None:
     """``t`` is a 1-D tensor of ``length`` elements with ``ref``'s dtype and device. ``dim`` names
     the length in the error, e.g. "N (B's columns)" gives "[N] = [4096] (B's columns)"; the message

@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import _rng
-from ._checks import SUPPORTED_DTYPES, check_dtype, check_tensor, check_vector
+from ._checks import SUPPORTED_DTYPES, check_dtype, check_tensor, check_vector, vector_fits
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -161,12 +161,9 @@ def _layer_norm_args_ok(x, weight, bias, eps, dropout_p) -> bool:
     run only when this is False."""
     try:
         dtype, device, cols = x.dtype, x.device, x.shape[-1]
-
-        def fits(t):
-            return t is None or (t.dtype is dtype and t.ndim == 1 and t.shape[0] == cols and t.device == device)
-
-        return (dtype in SUPPORTED_DTYPES and cols >= 1 and eps >= 0 and 0.0 <= dropout_p <= 1.0 and fits(weight)
-                and fits(bias))
+        return (dtype in SUPPORTED_DTYPES and cols >= 1 and eps >= 0 and 0.0 <= dropout_p <= 1.0
+                and (weight is None or vector_fits(weight, dtype, cols, device))
+                and (bias is None or vector_fits(bias, dtype, cols, device)))
     except (AttributeError, IndexError, TypeError):  # not tensors, a 0-d x, a non-number eps
         return False
 

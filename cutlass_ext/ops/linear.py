@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import _activation
-from ._checks import SUPPORTED_DTYPES, check_config, check_dtype, check_pair, check_tensor, check_vector
+from ._checks import SUPPORTED_DTYPES, check_config, check_dtype, check_pair, check_tensor, check_vector, vector_fits
 from ._runtime import compute_dtype, register_cuda_loader
 
 torch.library.define(
@@ -41,8 +41,7 @@ def _linear_args_ok(A, B, bias) -> bool:
         return (
             B.dtype is dtype and dtype in SUPPORTED_DTYPES and B.ndim == 2 and A.ndim >= 1
             and A.shape[-1] == B.shape[0] and A.device == B.device
-            and (bias is None or (bias.dtype is dtype and bias.ndim == 1 and bias.shape[0] == B.shape[1]
-                                  and bias.device == A.device))
+            and (bias is None or vector_fits(bias, dtype, B.shape[1], A.device))
         )
     except AttributeError:  # not tensors: the checks say which argument
         return False
