@@ -123,6 +123,17 @@ TF32_TRANSPOSED_CONFIGS = (
 # rows take the non-transposed kernels).
 TRANSPOSED_TRAINING_CONFIGS = (TRANSPOSED_CONFIGS[1],)
 
+# Few output tiles over a long K (a weight gradient over many rows: M and N are layer widths, K
+# the tokens): the product runs as a batch of equal K slices that each write fp32 partial
+# products, and a second kernel adds the slices in a fixed order. CUTLASS's own split-K adds the
+# splits of a tile one after another (a serial fix-up), which cost 42-57 us of the backward of
+# small MLP layers over 8192-65536 rows on an H200, where cuBLAS took 8-11 (bench/NOTES.md
+# section 21). Cooperative: with one tile per CTA both math warpgroups share it.
+K_SLICES_CONFIG = GemmConfig(
+    "128x128_1x1_coop", 128, 128, 1, 1, "Cooperative", "PersistentScheduler",
+    use="few output tiles over a long K (weight gradients): fp32 partial products of K slices",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Cutlass2Config:
@@ -174,8 +185,8 @@ HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG)
 
 def all_configs() -> tuple:
     """Every config of the table, in listing order."""
-    return (SM90_CONFIGS + MID_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + SM80_CONFIGS + SIMT_CONFIGS
-            + HAND_WRITTEN_CONFIGS)
+    return (SM90_CONFIGS + MID_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + (K_SLICES_CONFIG,)
+            + SM80_CONFIGS + SIMT_CONFIGS + HAND_WRITTEN_CONFIGS)
 
 
 def config_names() -> list[str]:
@@ -206,12 +217,15 @@ class GemmKernel:
     config: GemmConfig | Cutlass2Config | HandWrittenConfig
     with_c: bool = False  # the epilogue adds beta * C (LoRA terms, in-place weight merges)
     ext_k: bool = False  # the K loop also runs over a second operand pair (gemm/sm90_extk.cuh)
+    k_slices: bool = False  # D is fp32: the partial products of a batch of K slices (no bias/activation)
 
     @property
     def name(self) -> str:
         epilogue = "bias_act_aux" if self.aux else "c_bias_act" if self.with_c else "bias_act"
         if self.ext_k:
             epilogue = "extk_" + epilogue
+        if self.k_slices:
+            epilogue = "kslices_f32"
         return f"{self.family}_{self.dtype}_{self.a_major}{self.b_major}_{epilogue}_{self.config.name}"
 
     @property
@@ -263,7 +277,8 @@ class GemmKernel:
                 f"{B_LAYOUT[self.b_major]}, {str(self.aux).lower()}, {str(self.with_c).lower()}, "
                 f"{str(cfg.transposed).lower()}, {cfg.tile_m}, {cfg.tile_n}, {tile_k}, "
                 f"{cfg.cluster_m}, {cfg.cluster_n}, ::cutlass_ext::sm90::{cfg.schedule}, "
-                f"::cutlass_ext::sm90::{cfg.scheduler}{', true' if self.ext_k else ''}>"
+                f"::cutlass_ext::sm90::{cfg.scheduler}{', true' if self.ext_k else ''}"
+                f"{', false, true' if self.k_slices else ''}>"
             )
         else:
             (tm, tn), (wm, wn) = cfg.tile, cfg.warp
@@ -294,6 +309,7 @@ class GemmKernel:
             f'{str(self.aux).lower()}, {str(self.with_c).lower()}, {self.gemm_arch}, "{self.family}", "{cfg.name}", '
             f'{tile_m}, {tile_n}, {cluster}, '
             f"{str(stream_k).lower()}, {str(transposed).lower()}, {str(self.ext_k).lower()}, "
+            f"{str(self.k_slices).lower()}, "
             f"&generated::{self.name}_workspace_size, &generated::{self.name}_run, "
             f"&generated::{self.name}_active_clusters}},"
         )
@@ -339,6 +355,10 @@ def all_kernels() -> list[GemmKernel]:
             if dtype != "tf32" and a == "k":
                 for aux in (False, True) if b == "k" else (False,):
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, EXTK_CONFIG, ext_k=True))
+            # K slices serve weight gradients, A^T dZ with both operands row-major [tokens, width]
+            # (an M-major A and an N-major B; a one-row A counts as K-major).
+            if dtype != "tf32" and b == "n":
+                kernels.append(GemmKernel("sm90", dtype, a, b, False, K_SLICES_CONFIG, k_slices=True))
     for dtype in ("bf16", "fp16", "tf32"):
         for a, b in itertools.product("km", "kn"):
             # Ampere TF32 reads K-major operands only (the binding copies others): it keeps the
@@ -414,7 +434,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
         + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, nullptr, 0, 0, 1, "
-        "false, false, false, nullptr, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
+        "false, false, false, false, nullptr, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"
         + "}  // namespace cutlass_ext\n"

@@ -59,7 +59,7 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
     def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
         return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
                 and (kernel.a_major, kernel.b_major) == (a, b) and kernel.aux == aux
-                and not kernel.with_c and not kernel.ext_k
+                and not kernel.with_c and not kernel.ext_k and not kernel.k_slices
                 and (kernel.family == "sm90" and kernel.config.transposed) == transposed)
 
     kernels = _kernel_table.all_kernels()
@@ -164,6 +164,32 @@ def test_the_aux_forward_has_only_the_32_wide_transposed_tile(driver):
     # only where its grid runs in one round.
     assert pick(driver, 512, 512, 512, aux=True)[0] == "t64x32k128_pp"
     assert pick(driver, 1024, 1024, 1024, aux=True)[0] == "128x128_1x1_coop_sk"
+
+
+def slices(driver, m, k, n):
+    """k_slices for the 128x128 K-slices kernel on an m x n product of depth k on SMS SMs."""
+    out = subprocess.run([str(driver)], input=f"slices 128 128 {m} {n} {k} {SMS}\n", capture_output=True,
+                         text=True, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.parametrize("m,k,n,expected", [
+    (16, 65536, 64, 128),   # one tile: as many slices as SMs allow, 512 deep
+    (64, 32768, 256, 64),   # two tiles
+    (256, 65536, 512, 16),  # eight tiles
+    (1, 2048, 256, 8),      # slices at least 256 deep
+    (512, 8192, 16, 32),
+    (16, 8200, 64, 25),     # 8200 = 8 x 1025: the largest count of 8-aligned slices that divides it
+    (16, 8248, 64, 0),      # 8248 = 8 x 1031 (prime): no equal 8-aligned slices of at least 256
+    (16, 384, 64, 0),       # too short for two slices of 256
+    (1024, 8192, 1024, 2),  # 64 tiles: two slices fill 128 SMs
+    (2048, 65536, 2048, 0),  # 256 tiles: more than a round already
+])
+def test_k_slices_cut_k_into_equal_aligned_slices_within_one_round(driver, m, k, n, expected):
+    count = slices(driver, m, k, n)
+    assert count == expected, count
+    if count:
+        assert k % (8 * count) == 0 and k // count >= 256 and tiles(m, n, 128, 128) * count <= SMS
 
 
 @pytest.mark.parametrize("m", [32, 2048, 4096])

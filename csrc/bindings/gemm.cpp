@@ -28,6 +28,7 @@
 #include "bindings/gemm_select.h"
 #include "bindings/gemm_tuning.h"
 #include "common/activation.h"
+#include "elementwise/reduce_kernels.h"
 #include "elementwise/activation_kernels.h"
 #include "gemm/gemm_params.h"
 
@@ -91,7 +92,8 @@ bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") ==
 // no instantiation, or a selective build left it out). Majors are those of the kernel's own
 // operands: for transposed kernels A' = B^T and B' = A^T.
 std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode math, Major a, Major b, bool aux,
-                                                bool with_c, bool transposed, bool ext_k = false) {
+                                                bool with_c, bool transposed, bool ext_k = false,
+                                                bool k_slices = false) {
   std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
@@ -100,7 +102,7 @@ std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode 
     const bool arch_ok = math == MathMode::kExactF32 || e.arch == arch || e.arch == 0;
     const bool source_ok = e.source == with_c || (with_c && e.arch == 80);
     if (arch_ok && source_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
-        e.aux == aux && e.transposed == transposed && e.ext_k == ext_k &&
+        e.aux == aux && e.transposed == transposed && e.ext_k == ext_k && e.k_slices == k_slices &&
         !is_gemv(e)) {  // chosen before the others, on unpadded operands (few_column_kernel)
       out.push_back(&e);
     }
@@ -550,6 +552,44 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     check_launch(e.run(q, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, stream), op, e.name);
   };
 
+  // A product that would split K (few output tiles over a long K: a weight gradient over many
+  // rows) runs as equal K slices into fp32 partial products, which a second kernel adds in a fixed
+  // order (K_SLICES_CONFIG in cutlass_ext/_kernel_table.py); CUTLASS's split-K adds a tile's
+  // splits one after another. Plain products only: no C, bias, activation or batch.
+  const GemmKernelEntry* slicer = nullptr;
+  int slices = 0;
+  if (L == 1 && !with_c && !has_a2 && !aux && !bias_k.defined() && activation == int64_t(Activation::kNone) &&
+      target.is_contiguous()) {
+    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_a(), major_b(), false, false, false, false, true)) {
+      slicer = e;
+      slices = k_slices(*e, M, Np, Kp, p.sm_count);
+      break;
+    }
+  }
+  auto run_k_slices = [&](const GemmKernelEntry& e) {
+    const int64_t depth = Kp / slices;
+    GemmParams q = configure(e);
+    q.K = int(depth);
+    q.L = slices;
+    q.a_stride_l = depth * op_a.stride_k;
+    q.b_stride_l = depth * op_bt.stride_k;
+    at::Tensor partials = at::empty({slices, M, Np}, options.dtype(at::kFloat));
+    q.D = partials.data_ptr();
+    q.d_stride_m = Np;
+    q.d_stride_l = M * Np;
+    launch(e, q);
+    check_launch(sum_partials(partials.data_ptr<float>(), 1, slices, M * Np, dt, target.data_ptr(), stream), op,
+                 "sum_partials");
+    if (Np != N) d = d.narrow(2, 0, N).contiguous();
+    return deliver(d, z);
+  };
+  if (slicer != nullptr && opts.config == slicer->config) {
+    CE_CHECK(slices >= 2, op, ": config '", opts.config, "' cuts K = ", Kp, " into equal slices of at least ",
+             kMinSliceK, " (a multiple of ", kSliceAlignK, "), at most one tile per SM; this ", M, " x ", Np,
+             " product has none: use another config");
+    return run_k_slices(*slicer);
+  }
+
   const GemmKernelEntry* kernel = nullptr;
   if (opts.config.empty() && candidates.size() > 1 && tuning::active()) {
     // A tuned choice for this bucket, or (tuning on, not capturing a graph) a measurement now.
@@ -606,6 +646,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     q.b2_stride_k = vb2.stride_x;
     q.b2_stride_l = vb2.stride_l;
     launch(*twin, q);
+  } else if (slices >= 2 && opts.config.empty() && kernel->stream_k && configure(*kernel).splits > 1) {
+    return run_k_slices(*slicer);
   } else {
     launch(*kernel, configure(*kernel));
   }

@@ -231,4 +231,12 @@ int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t 
   return int(std::max<int64_t>(splits, 1));
 }
 
+int k_slices(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int sms) {
+  const int64_t tiles = output_tiles(kernel, M, N, 1);
+  for (int64_t s = std::min<int64_t>(sms / std::max<int64_t>(tiles, 1), K / kMinSliceK); s >= 2; --s) {
+    if (K % (s * kSliceAlignK) == 0) return int(s);
+  }
+  return 0;
+}
+
 }  // namespace cutlass_ext

@@ -41,4 +41,13 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
 int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int64_t L, int sms,
                    int64_t element_size);
 
+// Slices of K for a K-slices kernel (GemmKernelEntry::k_slices) on an M x N product of depth K:
+// the largest count that cuts K into equal slices (none reading past K) whose depth is a multiple
+// of kSliceAlignK (16 bytes of a 16-bit operand: a K-major operand's slices start aligned for
+// TMA), keeps the slices' tiles within one round on `sms` SMs and each slice at least kMinSliceK
+// deep; 0 when fewer than two such slices exist.
+constexpr int64_t kMinSliceK = 256;
+constexpr int64_t kSliceAlignK = 8;
+int k_slices(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int sms);
+
 }  // namespace cutlass_ext

@@ -279,9 +279,36 @@ __global__ void __launch_bounds__(kThreads) sum_partials_kernel(PartialsParams p
   static_cast<T*>(p.out)[o * p.inner + col] = T(total);
 }
 
+// Few splits over many columns (a K-sliced GEMM's 2-16 partial products of a wide output): one
+// thread a float4 column, adding the splits in order; the split lanes above would idle there.
+template <class T>
+__global__ void __launch_bounds__(kThreads) sum_partials_few_kernel(PartialsParams p) {
+  const int64_t vecs = p.inner / 4;
+  const int64_t o = blockIdx.y;
+  for (int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x; v < vecs; v += int64_t(gridDim.x) * kThreads) {
+    const float* src = p.partials + o * p.splits * p.inner + v * 4;
+    float4 acc = *reinterpret_cast<const float4*>(src);
+#pragma unroll 4
+    for (int s = 1; s < p.splits; ++s) {
+      const float4 x = *reinterpret_cast<const float4*>(src + int64_t(s) * p.inner);
+      acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+    }
+    T* out = static_cast<T*>(p.out) + o * p.inner + v * 4;
+    out[0] = T(acc.x); out[1] = T(acc.y); out[2] = T(acc.z); out[3] = T(acc.w);
+  }
+}
+constexpr int kFewPartialsMaxSplits = 16;
+constexpr int64_t kFewPartialsMinVecs = 64 * kThreads;
+
 template <class T>
 struct PartialsFn {
   void operator()(PartialsParams const& p, cudaStream_t stream) const {
+    if (p.inner % 4 == 0 && aligned16(p.partials) && p.splits <= kFewPartialsMaxSplits &&
+        p.inner / 4 >= kFewPartialsMinVecs && p.outer <= 65535) {
+      const int64_t blocks = std::min<int64_t>(ceil_div(p.inner / 4, kThreads), 65535);
+      sum_partials_few_kernel<T><<<dim3(unsigned(blocks), unsigned(p.outer)), kThreads, 0, stream>>>(p);
+      return;
+    }
     if (p.inner % 4 == 0 && aligned16(p.partials)) {
       // 16 float4 columns (64 floats, 256 bytes of each split's row) a block, 16 split lanes.
       const int q = int(std::min<int64_t>(16, pow2_at_least(p.inner / 4)));

@@ -81,6 +81,9 @@ struct GemmKernelEntry {
   bool stream_k;
   bool transposed;  // computes D^T = B^T A^T: kernel M/N are the caller's N/M, D column-major
   bool ext_k;       // adds a second operand pair A2 @ B2 to the product
+  // Writes fp32 partial products: batch entry l of D is the product over the l-th K slice (the
+  // binding views A and B as L slices of K; no bias, no activation), which sum_partials adds.
+  bool k_slices;
   GemmWorkspaceFn workspace_size;
   GemmRunFn run;
   GemmActiveClustersFn active_clusters;

@@ -6,6 +6,8 @@
 // The activation is a run-time parameter (RuntimeActivation); bias may be null.
 // An extended-K bundle adds a second operand pair to the product, D = act(alpha * (A B + A2 B2)
 // + bias) (gemm/sm90_extk.cuh), for LoRA's rank-r term.
+// A K-slices bundle writes fp32 partial products, D[l] = alpha * A[l] B[l] with the batch index l
+// running over slices of one product's K (the binding's strides), for a deterministic split-K.
 // A transposed bundle computes the product with A and B exchanged (D^T = B^T A^T) for problems
 // with few rows: D is column-major and the bias runs along the kernel's M (the caller's N).
 //
@@ -54,16 +56,21 @@ Stride make_stride3(int64_t s0, int64_t s1, int64_t s2) {
 }
 
 template <class Element_, class LayoutA, class LayoutB, bool kAux, bool kSource, bool kTransposed, int TileM, int TileN,
-          int TileK, int ClusterM, int ClusterN, class Schedule, class Scheduler, bool kExtK = false>
+          int TileK, int ClusterM, int ClusterN, class Schedule, class Scheduler, bool kExtK = false,
+          bool kKSlices = false>
 struct GemmBundle {
-  using Element = Element_;  // A, B, C, D, bias and aux share one element type
+  using Element = Element_;  // A, B, C, D, bias and aux share one element type (but K-slices' D)
+  using ElementD = cute::conditional_t<kKSlices, float, Element>;
   using ElementC = cute::conditional_t<kSource, Element, void>;  // void: no C load at all
   static_assert(!(kAux && kSource), "no instantiation needs both an aux output and a source");
   static_assert(!(kTransposed && kSource), "transposed kernels serve plain products only");
+  static_assert(!(kKSlices && (kAux || kSource || kTransposed || kExtK)),
+                "K-slices kernels write plain fp32 partial products");
   static_assert(!(kExtK && (kSource || kTransposed || cute::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>)),
                 "extended-K kernels are data-parallel, without a source or a transposed product");
   using Accumulator = float;
   static constexpr int kAlignment = 128 / cutlass::sizeof_bits<Element>::value;
+  static constexpr int kAlignmentD = 128 / cutlass::sizeof_bits<ElementD>::value;
   static constexpr bool kStreamK = cute::is_same_v<Scheduler, StreamKScheduler>;
 
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
@@ -83,14 +90,14 @@ struct GemmBundle {
           kAux,
           cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
                                                                  Element, Element, Element>,
-          cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, Element, float, Element,
-                                                              Element>>>;
+          cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, ElementD, float, Element,
+                                                              ElementD>>>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float,
       ElementC, LayoutD, kAlignment,
-      Element, LayoutD, kAlignment, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
+      ElementD, LayoutD, kAlignmentD, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
 
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlignment, Element,
@@ -136,7 +143,7 @@ struct GemmBundle {
       args.epilogue.ptr_C = nullptr;
       args.epilogue.dC = epilogue_stride(typename Kernel::StrideC{}, p.d_stride_m, p.d_stride_l);
     }
-    args.epilogue.ptr_D = static_cast<Element*>(p.D);
+    args.epilogue.ptr_D = static_cast<ElementD*>(p.D);
     args.epilogue.dD = epilogue_stride(StrideD{}, p.d_stride_m, p.d_stride_l);
     auto& fusion = args.epilogue.thread;
     fusion.alpha = p.alpha;

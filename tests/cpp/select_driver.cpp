@@ -4,6 +4,8 @@
 //     appends a candidate (kernel table order; the transposed kernels last, as the binding does);
 //   query <M> <N> <K> <L> <sms> <with_extk_twin> <element_size>
 //     prints "<config> <splits>" (splits: split_k_factor for a stream-K pick, else 1);
+//   slices <tile_m> <tile_n> <M> <N> <K> <sms>
+//     prints k_slices for a K-slices kernel of that tile;
 //   reset
 //     clears the candidates.
 #include <array>
@@ -81,6 +83,19 @@ int main() {
       const cutlass_ext::GemmKernelEntry* e = cutlass_ext::select_kernel(candidates, M, N, K, L, sms, extk != 0);
       const int splits = e->stream_k ? cutlass_ext::split_k_factor(*e, M, N, K, L, sms, element_size) : 1;
       std::printf("%s %d\n", e->config, splits);
+    } else if (what == "slices") {
+      int tile_m, tile_n, sms;
+      long long M, N, K;
+      in >> tile_m >> tile_n >> M >> N >> K >> sms;
+      if (!in) {
+        std::printf("error: bad slices line: %s\n", line.c_str());
+        return 1;
+      }
+      cutlass_ext::GemmKernelEntry e{};
+      e.tile_m = tile_m;
+      e.tile_n = tile_n;
+      e.k_slices = true;
+      std::printf("%d\n", cutlass_ext::k_slices(e, M, N, K, sms));
     } else if (what == "reset") {
       candidates.clear();
       g_clusters.fill(0);

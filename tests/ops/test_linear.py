@@ -408,6 +408,8 @@ def _kernel_inputs(kernel, device):
         k = 40  # K <= 64, not a multiple of its 16-deep MMA step
     if kernel.family == "gemv":
         n = 13  # N <= 16, not a power of two
+    if kernel.k_slices:
+        k = 4096  # eight slices of 512 for 12 output tiles
     a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
     A = rand(m, k, device=device, dtype=dtype) if a_major == "k" else rand(k, m, device=device, dtype=dtype).t()
     B = make_b(k, n, "weight_t" if b_major == "k" else "kn", device, dtype)
@@ -426,6 +428,12 @@ def test_every_kernel(name, monkeypatch):
     monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", kernel.config.name)
     dtype_name = {"f32": "fp32"}.get(kernel.dtype, kernel.dtype)
     with fp32_precision(dtype_name):
+        if kernel.k_slices:
+            # Plain products only (weight gradients): fp32 partials of K slices, then their sum.
+            out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
+            assert any("sum_partials" in n for n in names), names
+            assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), dtype_name)
+            return
         if kernel.with_c:
             # C-source kernels serve in-place accumulation: W += s * A @ B as a LoRA merge
             # (lora_B is the A operand, lora_A the B operand), checked to write W in place.
@@ -803,6 +811,50 @@ def test_stream_k_decomposition_is_correct_and_deterministic(dtype_name, layout,
     assert_close_to_reference(y, ref_linear(A, B, bias, activation), peer_linear(A, B, bias, activation), dtype_name)
     for _ in range(3):
         assert torch.equal(run(), y)
+
+
+# ------------------------------------------------------------------------------------------------
+# Weight gradients over many rows: equal K slices into fp32 partial products, added in a fixed order
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("dtype_name,rows,fin,fout,sliced", [
+    ("bf16", 65536, 64, 16, True), ("fp16", 32768, 256, 64, True), ("bf16", 8200, 64, 16, True),
+    ("bf16", 8248, 64, 16, False),  # 8248 = 8 x 1031: no equal 8-aligned slices, CUTLASS's split-K
+    ("bf16", 8192, 256, 1, True),   # a one-column layer: its dZ^T is a one-row (K-major) A
+])
+def test_weight_gradient_over_many_rows_runs_as_k_slices(dtype_name, rows, fin, fout, sliced):
+    dtype = DTYPES[dtype_name]
+    x = rand(rows, fin, device="cuda", dtype=dtype).requires_grad_()
+    W = rand(fout, fin, device="cuda", dtype=dtype, scale=fin ** -0.5).requires_grad_()
+    dy = rand(rows, fout, device="cuda", dtype=dtype)
+
+    def backward():
+        W.grad = x.grad = None
+        cutlass_ext.linear(x, W.t()).backward(dy)
+        return W.grad
+
+    dW, names = cuda_kernels_run(backward)
+    assert any("sum_partials" in n for n in names) == sliced, names
+    assert any("StreamK" in n for n in names) != sliced, names
+    ref = dy.double().t() @ x.double()
+    assert_close_to_reference(dW, ref, dy.t() @ x, dtype_name, what="dW")
+    assert torch.equal(backward(), dW)  # the slices are added in a fixed order
+
+
+@requires_cuda
+@requires_sm90_path
+def test_k_slices_config_is_forced_or_refused_by_name():
+    # By name the K-slices kernel runs any plain product it can cut; one it cannot is refused.
+    A = rand(4096, 300, device="cuda", dtype=torch.bfloat16).t()
+    B = rand(4096, 200, device="cuda", dtype=torch.bfloat16, scale=1 / 64)
+    out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B, config="128x128_1x1_coop"))
+    assert any("sum_partials" in n for n in names), names
+    assert_close_to_reference(out, A.double() @ B.double(), A @ B, "bf16")
+    with pytest.raises(RuntimeError, match="cuts K = 264 into equal slices"):
+        cutlass_ext.matmul(rand(300, 264, device="cuda", dtype=torch.bfloat16).t().t(),
+                           rand(264, 200, device="cuda", dtype=torch.bfloat16), config="128x128_1x1_coop")
 
 
 # ------------------------------------------------------------------------------------------------
