@@ -119,9 +119,12 @@ TF32_TRANSPOSED_CONFIGS = (
                use="TF32 with an N-major B: the transposed product instead of a copy of B", transposed=True),
 )
 
-# The subset built for the aux epilogue and the M-major weight (small-M training steps; wider
-# rows take the non-transposed kernels).
-TRANSPOSED_TRAINING_CONFIGS = (TRANSPOSED_CONFIGS[1],)
+# The subset built for the aux epilogue and the M-major weight (a GELU/SiLU layer's training
+# forward and dX = dY W): the 32-, 64- and 128-wide tiles, for up to 64, 128 and 256 rows and for
+# products below half a wave of 128x128 tiles (a 1024^3 layer); wider rows take the
+# non-transposed kernels. With the 32-wide tile alone, a 128 x 4096 -> 4096 GELU layer's training
+# step took 94 us of kernel time on an H200 where cuBLAS took 54 (bench/NOTES.md section 21).
+TRANSPOSED_TRAINING_CONFIGS = TRANSPOSED_CONFIGS[1:]
 
 # Few output tiles over a long K (a weight gradient over many rows: M and N are layer widths, K
 # the tokens): the product runs as a batch of equal K slices that each write fp32 partial

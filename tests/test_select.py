@@ -159,11 +159,14 @@ def test_lora_products_keep_the_extended_k_config(driver):
     assert pick(driver, 768, 4096, 4096)[0] != "128x128_1x2_pp"
 
 
-def test_the_aux_forward_has_only_the_32_wide_transposed_tile(driver):
-    # The GELU training forward: one transposed tile is built for it, which the sub-wave rule takes
-    # only where its grid runs in one round.
+def test_the_aux_forward_has_the_32_64_and_128_wide_transposed_tiles(driver):
+    # The GELU training forward: three transposed tiles are built for it, which the sub-wave rule
+    # takes where their grids run in one round, and the few-row rule by the rows they hold.
     assert pick(driver, 512, 512, 512, aux=True)[0] == "t64x32k128_pp"
-    assert pick(driver, 1024, 1024, 1024, aux=True)[0] == "128x128_1x1_coop_sk"
+    assert pick(driver, 1024, 1024, 1024, aux=True)[0] == "t64x128_pp"
+    assert pick(driver, 256, 4096, 4096, aux=True)[0] == "t64x128_pp"
+    assert pick(driver, 128, 4096, 4096, aux=True)[0] == "t64x64_pp"
+    assert pick(driver, 64, 4096, 4096, aux=True)[0] == "t64x32k128_pp"
 
 
 def slices(driver, m, k, n):
