@@ -5,19 +5,29 @@
 
 #include "common/activation.h"
 #include "common/device_utils.cuh"
+#include "elementwise/reduce_kernels.h"
 
 namespace cutlass_ext {
 namespace {
 
-constexpr int kThreadsX = 32;  // threads across columns (each owns kVec adjacent columns)
-constexpr int kThreadsY = 8;   // threads across rows
-constexpr int kMinRowsPerSplit = 32;
+constexpr int kThreads = 256;
+constexpr int kMaxThreadsX = 32;     // threads across columns (each owns kVec adjacent columns)
+constexpr int kMinRowsPerThread = 2;  // rows each thread walks at least, in a split
 
+// Threads across columns for `cols` columns of `vec`-wide vectors: up to a warp, no more than
+// the row has vectors (a 16-column row has two), the rest of the block across rows.
+int threads_x(int64_t cols, int vec) {
+  return int(std::min<int64_t>(kMaxThreadsX, pow2_at_least(ceil_div(cols, vec))));
+}
+
+// Block (tx, ty) with tx * ty = kThreads: tx threads across columns, ty across rows. Each thread
+// adds its rows' dZ into fp32 sums; the block adds its ty rows of sums in a fixed tree order.
 template <class T, int kVec, int kKind>
-__global__ void __launch_bounds__(kThreadsX* kThreadsY)
+__global__ void __launch_bounds__(kThreads)
 act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
-  __shared__ float sums[kThreadsY][kThreadsX * kVec];
-  const int64_t col0 = (int64_t(blockIdx.x) * kThreadsX + threadIdx.x) * kVec;
+  __shared__ float sums[kThreads * kVec];
+  const int tx = blockDim.x, ty = blockDim.y;
+  const int64_t col0 = (int64_t(blockIdx.x) * tx + threadIdx.x) * kVec;
   const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
   const int64_t row_end = min(p.rows, row_begin + rows_per_split);
   const T* grad = static_cast<const T*>(p.grad);
@@ -29,7 +39,7 @@ act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
   for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
 
   if (col0 < p.cols) {
-    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kThreadsY) {
+    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += ty) {
       Pack<T, kVec> g = *reinterpret_cast<const Pack<T, kVec>*>(grad + r * p.grad_ld + col0);
       Pack<T, kVec> s;
       if constexpr (kKind != int(Activation::kNone)) {
@@ -51,39 +61,37 @@ act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
   }
   if (p.grad_bias == nullptr) return;
 
+  float* mine = sums + (threadIdx.y * tx + threadIdx.x) * kVec;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) sums[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
-  __syncthreads();
-  // Threads of row 0 add the kThreadsY partial rows in a fixed order.
+  for (int i = 0; i < kVec; ++i) mine[i] = acc[i];
+  // Rows y and y + half are added for half = ty / 2, ty / 4, ..., 1: a fixed order.
+  for (int half = ty / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half) {
+      const float* other = mine + half * tx * kVec;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) mine[i] += other[i];
+    }
+  }
   if (threadIdx.y != 0 || col0 >= p.cols) return;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
-    float total = 0.f;
-#pragma unroll
-    for (int y = 0; y < kThreadsY; ++y) total += sums[y][threadIdx.x * kVec + i];
+    if (col0 + i >= p.cols) break;
     if (p.row_splits == 1) {
-      static_cast<T*>(p.grad_bias)[col0 + i] = T(total);
+      static_cast<T*>(p.grad_bias)[col0 + i] = T(mine[i]);
     } else {
-      p.partials[int64_t(blockIdx.y) * p.cols + col0 + i] = total;
+      p.partials[int64_t(blockIdx.y) * p.cols + col0 + i] = mine[i];
     }
   }
 }
 
-template <class T>
-__global__ void bias_grad_finalize_kernel(const float* partials, int splits, int64_t cols, T* out) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  float total = 0.f;
-  for (int s = 0; s < splits; ++s) total += partials[int64_t(s) * cols + c];
-  out[c] = T(total);
-}
-
 template <class T, int kVec, int kKind>
 void launch_act_grad_kind(ActGradParams const& p, cudaStream_t stream) {
-  const int64_t col_blocks = (p.cols + kThreadsX * kVec - 1) / (kThreadsX * kVec);
-  const int64_t rows_per_split = (p.rows + p.row_splits - 1) / p.row_splits;
+  const int tx = threads_x(p.cols, kVec);
+  const int64_t col_blocks = ceil_div(p.cols, int64_t(tx) * kVec);
+  const int64_t rows_per_split = ceil_div(p.rows, p.row_splits);
   const dim3 grid(unsigned(col_blocks), unsigned(p.row_splits));
-  act_grad_kernel<T, kVec, kKind><<<grid, dim3(kThreadsX, kThreadsY), 0, stream>>>(p, rows_per_split);
+  act_grad_kernel<T, kVec, kKind><<<grid, dim3(tx, kThreads / tx), 0, stream>>>(p, rows_per_split);
 }
 
 template <class T, int kVec>
@@ -92,24 +100,23 @@ void launch_act_grad_vec(ActGradParams const& p, cudaStream_t stream) {
                       [&](auto kind) { launch_act_grad_kind<T, kVec, decltype(kind)::value>(p, stream); });
 }
 
+// 16-byte loads and stores where every matrix's rows and base allow them.
+template <class T>
+bool act_grad_vectorizable(ActGradParams const& p) {
+  constexpr int kVec = vec_width<T>();
+  const bool saved_used = p.activation != int(Activation::kNone);
+  return p.cols % kVec == 0 && p.grad_ld % kVec == 0 && aligned16(p.grad) &&
+         (!saved_used || (p.saved_ld % kVec == 0 && aligned16(p.saved))) &&
+         (p.grad_input == nullptr || (p.grad_input_ld % kVec == 0 && aligned16(p.grad_input)));
+}
+
 template <class T>
 void launch_act_grad(ActGradParams const& p, cudaStream_t stream) {
   constexpr int kVec = vec_width<T>();
-  const bool saved_used = p.activation != int(Activation::kNone);
-  const bool vectorizable =
-      p.cols % kVec == 0 && p.grad_ld % kVec == 0 && aligned16(p.grad) &&
-      (!saved_used || (p.saved_ld % kVec == 0 && aligned16(p.saved))) &&
-      (p.grad_input == nullptr || (p.grad_input_ld % kVec == 0 && aligned16(p.grad_input)));
-  if (vectorizable) {
+  if (act_grad_vectorizable<T>(p)) {
     launch_act_grad_vec<T, kVec>(p, stream);
   } else {
     launch_act_grad_vec<T, 1>(p, stream);
-  }
-  if (p.grad_bias != nullptr && p.row_splits > 1) {
-    const int threads = 256;
-    const unsigned blocks = unsigned((p.cols + threads - 1) / threads);
-    bias_grad_finalize_kernel<T><<<blocks, threads, 0, stream>>>(p.partials, p.row_splits, p.cols,
-                                                                 static_cast<T*>(p.grad_bias));
   }
 }
 
@@ -147,16 +154,20 @@ struct ActForwardFn {
 
 int act_grad_row_splits(int64_t rows, int64_t cols, DType dtype, int sm_count) {
   const int vec = dtype == DType::kF32 ? 4 : 8;
-  const int64_t col_blocks = (cols + kThreadsX * vec - 1) / (kThreadsX * vec);
+  const int tx = threads_x(cols, vec);
+  const int64_t col_blocks = ceil_div(cols, int64_t(tx) * vec);
   const int64_t target_blocks = 4 * int64_t(std::max(sm_count, 1));
-  const int64_t max_splits = std::max<int64_t>(1, rows / kMinRowsPerSplit);
-  const int64_t splits = std::min<int64_t>((target_blocks + col_blocks - 1) / col_blocks, max_splits);
+  const int64_t max_splits = std::max<int64_t>(1, rows / (int64_t(kThreads / tx) * kMinRowsPerThread));
+  const int64_t splits = std::min<int64_t>(ceil_div(target_blocks, col_blocks), max_splits);
   return int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
 }
 
 LaunchResult act_grad(ActGradParams const& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return {};
-  return dispatch_dtype<ActGradFn>(p, stream);
+  const LaunchResult r = dispatch_dtype<ActGradFn>(p, stream);
+  if (!r.ok() || p.grad_bias == nullptr || p.row_splits == 1) return r;
+  // The splits' column partials, added in a fixed order.
+  return sum_partials(p.partials, 1, p.row_splits, p.cols, p.dtype, p.grad_bias, stream);
 }
 
 LaunchResult activation_forward(ActForwardParams const& p, cudaStream_t stream) {

@@ -3,8 +3,8 @@
 // act_grad: the fused backward of act(Z + bias) over a [rows, cols] matrix, in one pass:
 //   dZ[r, c]   = dY[r, c] * act'(saved[r, c])         (written when grad_input != nullptr)
 //   dbias[c]   = sum_r dZ[r, c]                        (written when grad_bias != nullptr)
-// The column sums are deterministic: each block reduces a fixed row range into fp32 partials,
-// and a second tiny kernel adds the partials in order.
+// The column sums are deterministic: each block reduces a fixed row range into fp32 partials
+// (its threads' rows added in a fixed tree), and sum_partials adds the blocks' partials in order.
 //
 // activation_forward: y = act(z) elementwise, for GEMM paths that cannot store an aux output.
 #pragma once

@@ -270,6 +270,22 @@ def test_act_grad(device, dtype_name, act, shape):
     assert_close_to_reference(db, ref_dz.sum(0), peer_db, dtype_name, what="dbias")
 
 
+@pytest.mark.parametrize("shape", [(65536, 16), (32768, 64), (3001, 8), (1000, 24), (4096, 1032)])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+def test_act_grad_narrow_rows(device, dtype_name, shape):
+    # Contiguous (vectorized) rows of one to a few 16-byte vectors: the block's threads go across
+    # rows instead of idling across columns, and many row splits are added in a fixed order.
+    dtype = DTYPES[dtype_name]
+    grad = rand(*shape, device=device, dtype=dtype)
+    z = rand(*shape, device=device, dtype=dtype, scale=2)
+    dz, db = torch.ops.cutlass_ext._act_grad(grad, z, "gelu", True, True)
+    ref_dz = _activation.backward(grad.double(), z.double(), "gelu")
+    peer_dz = _activation.backward(grad, z, "gelu")
+    assert_close_to_reference(dz, ref_dz, peer_dz, dtype_name, what="dz")
+    assert_close_to_reference(db, ref_dz.sum(0), peer_dz.float().sum(0).to(dtype), dtype_name, what="dbias")
+    assert torch.equal(torch.ops.cutlass_ext._act_grad(grad, z, "gelu", True, True)[1], db)
+
+
 def test_act_grad_is_deterministic(device):
     grad = rand(8192, 256, device=device, dtype=torch.bfloat16)
     z = rand(8192, 256, device=device, dtype=torch.bfloat16)
