@@ -560,10 +560,11 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   int slices = 0;
   if (L == 1 && !with_c && !has_a2 && !aux && !bias_k.defined() && activation == int64_t(Activation::kNone) &&
       target.is_contiguous()) {
-    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_a(), major_b(), false, false, false, false, true)) {
-      slicer = e;
-      slices = k_slices(*e, M, Np, Kp, p.sm_count);
-      break;
+    const std::vector<const GemmKernelEntry*> sliced =
+        kernels_for(arch, dt, math, major_a(), major_b(), false, false, false, false, true);
+    if (!sliced.empty()) {
+      slicer = sliced.front();
+      slices = k_slices(*slicer, M, Np, Kp, p.sm_count);
     }
   }
   auto run_k_slices = [&](const GemmKernelEntry& e) {
