@@ -555,19 +555,18 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   // A product that would split K (few output tiles over a long K: a weight gradient over many
   // rows) runs as equal K slices into fp32 partial products, which a second kernel adds in a fixed
   // order (K_SLICES_CONFIG in cutlass_ext/_kernel_table.py); CUTLASS's split-K adds a tile's
-  // splits one after another. Plain products only: no C, bias, activation or batch.
-  const GemmKernelEntry* slicer = nullptr;
-  int slices = 0;
-  if (L == 1 && !with_c && !has_a2 && !aux && !bias_k.defined() && activation == int64_t(Activation::kNone) &&
-      target.is_contiguous()) {
+  // splits one after another. Plain products only: no C, bias, activation or batch. The K-slices
+  // kernel for the layout is looked up only by the calls that could take it (not on every GEMM).
+  auto slices_kernel = [&]() -> const GemmKernelEntry* {
+    if (L != 1 || with_c || has_a2 || aux || bias_k.defined() || activation != int64_t(Activation::kNone) ||
+        !target.is_contiguous()) {
+      return nullptr;
+    }
     const std::vector<const GemmKernelEntry*> sliced =
         kernels_for(arch, dt, math, major_a(), major_b(), false, false, false, false, true);
-    if (!sliced.empty()) {
-      slicer = sliced.front();
-      slices = k_slices(*slicer, M, Np, Kp, p.sm_count);
-    }
-  }
-  auto run_k_slices = [&](const GemmKernelEntry& e) {
+    return sliced.empty() ? nullptr : sliced.front();
+  };
+  auto run_k_slices = [&](const GemmKernelEntry& e, int slices) {
     const int64_t depth = Kp / slices;
     GemmParams q = configure(e);
     q.K = int(depth);
@@ -584,11 +583,15 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     if (Np != N) d = d.narrow(2, 0, N).contiguous();
     return deliver(d, z);
   };
-  if (slicer != nullptr && opts.config == slicer->config) {
-    CE_CHECK(slices >= 2, op, ": config '", opts.config, "' cuts K = ", Kp, " into equal slices of at least ",
-             kMinSliceK, " (a multiple of ", kSliceAlignK, "), at most one tile per SM; this ", M, " x ", Np,
-             " product has none: use another config");
-    return run_k_slices(*slicer);
+  if (!opts.config.empty()) {
+    const GemmKernelEntry* slicer = slices_kernel();
+    if (slicer != nullptr && opts.config == slicer->config) {
+      const int slices = k_slices(*slicer, M, Np, Kp, p.sm_count);
+      CE_CHECK(slices >= 2, op, ": config '", opts.config, "' cuts K = ", Kp, " into equal slices of at least ",
+               kMinSliceK, " (a multiple of ", kSliceAlignK, "), at most one tile per SM; this ", M, " x ", Np,
+               " product has none: use another config");
+      return run_k_slices(*slicer, slices);
+    }
   }
 
   const GemmKernelEntry* kernel = nullptr;
@@ -624,6 +627,13 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     kernel = opts.config.empty() ? select_kernel(candidates, M, Np, Kp, L, p.sm_count, has_a2)
                                  : forced_kernel(candidates, opts.config);
   }
+  if (opts.config.empty() && kernel->stream_k &&
+      split_k_factor(*kernel, M, Np, Kp, L, p.sm_count, a.element_size()) > 1) {
+    if (const GemmKernelEntry* slicer = slices_kernel()) {
+      const int slices = k_slices(*slicer, M, Np, Kp, p.sm_count);
+      if (slices >= 2) return run_k_slices(*slicer, slices);
+    }
+  }
   if (has_a2) {
     // The extended-K twin of the chosen kernel, when A2 and B2 are readable with A's and B's
     // majorness (N is unpadded here: see above); otherwise the second product runs first.
@@ -647,8 +657,6 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     q.b2_stride_k = vb2.stride_x;
     q.b2_stride_l = vb2.stride_l;
     launch(*twin, q);
-  } else if (slices >= 2 && opts.config.empty() && kernel->stream_k && configure(*kernel).splits > 1) {
-    return run_k_slices(*slicer);
   } else {
     launch(*kernel, configure(*kernel));
   }
