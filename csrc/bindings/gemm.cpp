@@ -425,8 +425,21 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     b3 = padded_copy(b3.transpose(1, 2), Np, Kp).transpose(1, 2);
     CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: K-major copy of B is not readable");
   };
+  // A 16-bit B with adjacent columns (the row-major input X [rows, width] of a weight gradient
+  // dZ^T X) keeps its majorness, padded to (Kp, Np): a row copy rather than a transpose, and the
+  // product keeps the layouts of the K-slices kernels (N-major B only). With a 13-wide X the
+  // K-major copy left dW = dZ^T X to CUTLASS's split-K: 42 us at 8192 x 13 -> 512 on an H200
+  // (bench/NOTES.md section 22). Every 16-bit build reads an N-major B; TF32 copies K-major.
+  auto copy_b = [&] {
+    if (a.element_size() == 2 && N > 1 && K > 1 && b3.stride(2) == 1) {
+      b3 = padded_copy(b3, Kp, Np);
+      CE_CHECK(as_matrix(b3, align, vb), op, ": internal error: N-major copy of B is not readable");
+    } else {
+      copy_b_k_major();
+    }
+  };
   if (!(Kp == K && a_readable)) copy_a_k_major();
-  if (!(Kp == K && Np == N && b_readable)) copy_b_k_major();
+  if (!(Kp == K && Np == N && b_readable)) copy_b();
   at::Tensor bias_k;
   if (bias.has_value()) {
     bias_k = *bias;

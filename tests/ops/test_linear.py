@@ -839,6 +839,8 @@ def test_stream_k_decomposition_is_correct_and_deterministic(dtype_name, layout,
     ("bf16", 65536, 64, 16, True), ("fp16", 32768, 256, 64, True), ("bf16", 8200, 64, 16, True),
     ("bf16", 8248, 64, 16, False),  # 8248 = 8 x 1031: no equal 8-aligned slices, CUTLASS's split-K
     ("bf16", 8192, 256, 1, True),   # a one-column layer: its dZ^T is a one-row (K-major) A
+    # A 13-wide input (not a multiple of 8 elements) is copied padded and N-major, which keeps K slices.
+    ("bf16", 8192, 13, 512, True), ("fp16", 2048, 13, 64, True),
 ])
 def test_weight_gradient_over_many_rows_runs_as_k_slices(dtype_name, rows, fin, fout, sliced):
     dtype = DTYPES[dtype_name]
