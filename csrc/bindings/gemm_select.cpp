@@ -28,6 +28,14 @@ constexpr int64_t kNarrowNMaxK = 1024;
 // 294, at 2048 x 4096 -> 16 the 64x16 one 19.5 us against 36.4.
 constexpr int64_t kNarrowNFewColumnsMaxN = 16;
 constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
+// Up to 64 columns with K <= 256 (one to four k-steps a tile) no tile wider than 64 rows: the
+// 128-wide tile ran 1.15-1.23x slower than the 64-wide one although both grids fill the SMs
+// (CUDA-graph replays on an H200, bf16 bias+GELU, bench/NOTES.md section 22): 65536 x 64 -> 16
+// 17.4 against 14.3 us (18.7 against 15.6 with the pre-activation output), 32768 x 64 -> 16 10.4
+// against 8.8, 65536 x 256 -> 64 20.4 against 16.6.
+constexpr int64_t kNarrowNCappedMaxN = 64;
+constexpr int64_t kNarrowNCappedMaxK = 256;
+constexpr int64_t kNarrowNCappedTile = 64;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
 // Below half a wave of 128x128 tiles, products up to this K take the transposed 64-row tiles
@@ -115,7 +123,8 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   }
   // Few columns, many rows, short K: the transposed product, where the 128-wide tiles spent most
   // of each tile on columns that are not there. The widest transposed tile whose grid fills the
-  // SMs at least once, else the narrowest (the most tiles). Measured on an H200 (bf16,
+  // SMs at least once (at most 64 wide for up to 64 columns with K <= 256), else the narrowest (the
+  // most tiles). Measured on an H200 (bf16,
   // bench/gemm_configs.py --set dlrm, bench/NOTES.md section 16): 65536 x 64 -> 16 34.6 -> 15.6 us,
   // 65536 x 256 -> 64 39.3 -> 22.0, 2048 x 256 -> 64 30.8 -> 10.4, 2048 x 512 -> 256 20.6 -> 9.2;
   // on the set's narrow shapes 1.03x the best built config (geomean), at most 1.11x. Longer K
@@ -123,11 +132,13 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // to K = 4096 (above).
   const int64_t narrow_max_k = N <= kNarrowNFewColumnsMaxN ? kNarrowNFewColumnsMaxK : kNarrowNMaxK;
   if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= narrow_max_k && !with_extk_twin) {
+    const bool capped = N <= kNarrowNCappedMaxN && K <= kNarrowNCappedMaxK;
     const GemmKernelEntry* widest = nullptr;
     const GemmKernelEntry* narrowest = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (!e->transposed || e->stream_k || e->tile_m != 64) continue;
-      if (output_tiles(*e, M, N, L) >= int64_t(sms) && (widest == nullptr || e->tile_n > widest->tile_n)) {
+      if (output_tiles(*e, M, N, L) >= int64_t(sms) && !(capped && e->tile_n > kNarrowNCappedTile) &&
+          (widest == nullptr || e->tile_n > widest->tile_n)) {
         widest = e;
       }
       if (narrowest == nullptr || e->tile_n < narrowest->tile_n) narrowest = e;
