@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -81,3 +82,17 @@ def gemm_kernels_run(fn):
     """(fn(), names of the GEMM kernels it launched on the GPU, from the profiler)."""
     out, names = cuda_kernels_run(fn)
     return out, [n for n in names if "Gemm" in n or "gemm" in n]
+
+
+def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
+    """The transposed 64-row tile width (16, 32, 64 or 128) the few-column rule of the GEMM heuristic
+    (csrc/bindings/gemm_select.cpp) picks for a bf16 m x k -> n product on ``sms`` SMs, or None
+    where K is too long for the rule and the others apply: the widest tile whose grid fills the SMs
+    at least once (at most 64 wide for up to 64 columns with K <= 256), else the narrowest."""
+    n_padded = math.ceil(n / 8) * 8
+    if k > (4096 if n_padded <= 16 else 1024):
+        return None
+    capped = n_padded <= 64 and k <= 256
+    widths = (16, 32, 64, 128)
+    filling = [t for t in widths if math.ceil(n_padded / 64) * math.ceil(m / t) >= sms and not (capped and t > 64)]
+    return max(filling) if filling else min(widths)

@@ -15,6 +15,8 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
+from .helpers import narrow_n_tile
+
 ROOT = Path(__file__).resolve().parent.parent
 SMS = 132  # an H100 SXM / H200
 # Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
@@ -103,13 +105,11 @@ def test_below_half_a_wave_takes_the_narrowest_one_round_transposed_tile(driver,
                                    (65536, 256, 64), (65536, 512, 64), (65536, 256, 72)])
 def test_few_columns_take_the_widest_transposed_tile_that_fills_the_sms(driver, m, k, n):
     config, _ = pick(driver, m, k, n)
-    n_p = math.ceil(n / 8) * 8
-    if k > (4096 if n_p <= 16 else 1024):
+    expected = narrow_n_tile(m, k, n, SMS)
+    if expected is None:  # a long K keeps the other rules
         assert config not in TRANSPOSED.values(), config
-        return
-    capped = n_p <= 64 and k <= 256  # no tile wider than 64 there
-    filling = [t for t in TRANSPOSED if tiles(n_p, m, 64, t) >= SMS and not (capped and t > 64)]
-    assert config == TRANSPOSED[max(filling) if filling else min(TRANSPOSED)], config
+    else:
+        assert config == TRANSPOSED[expected], config
 
 
 @pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 100, 128, 200, 256])

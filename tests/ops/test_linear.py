@@ -17,7 +17,7 @@ from cutlass_ext.ops import linear as linear_ops
 
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, assert_close_to_reference, capture_cuda_graph, cuda_kernels_run, fp32_precision,
-                       gemm_kernels_run)
+                       gemm_kernels_run, narrow_n_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -739,15 +739,11 @@ def heuristic_and_transposed_tiles(m, k, n):
 def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     name, forced = heuristic_and_transposed_tiles(m, k, n)
-    n_padded = math.ceil(n / 8) * 8
-    if k > (4096 if n_padded <= 16 else 1024):  # a long K keeps the other rules
+    expected = narrow_n_tile(m, k, n, sms)
+    if expected is None:  # a long K keeps the other rules
         assert name not in forced.values(), name
-        return
-    capped = n_padded <= 64 and k <= 256  # no tile wider than 64 there
-    filling = [t for t in NARROW_N_TILES
-               if math.ceil(n_padded / 64) * math.ceil(m / t) >= sms and not (capped and t > 64)]
-    expected = max(filling) if filling else min(NARROW_N_TILES)
-    assert name == forced[expected], (name, expected)
+    else:
+        assert name == forced[expected], (name, expected)
 
 
 # Below half a wave of 128x128 tiles with K <= 4096 and more than 256 columns: the transposed 64-row
