@@ -37,6 +37,14 @@ VARIANTS = {
     "coop128_2x1": f"{KB}::Variant<128, 128, 64, 2, 1, {COOPERATIVE}, {KB}::kRuntimeActivation>",
     "coop128_2x1_relu": f"{KB}::Variant<128, 128, 64, 2, 1, {COOPERATIVE}, {KB}::kReluFixed>",
     "coop256x128_1x2": f"{KB}::Variant<256, 128, 64, 1, 2, {COOPERATIVE}, {KB}::kRuntimeActivation>",
+    # Epilogue tiles for output-bound products (a short K: dW at K = 128): the automatic tile of
+    # the ping-pong schedule is 64x32 (bench/NOTES.md section 22).
+    "pp128_ep64x64": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kRuntimeActivation, 0, "
+                     "cute::Shape<cute::_64, cute::_64>>",
+    "pp128_ep64x128": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kRuntimeActivation, 0, "
+                      "cute::Shape<cute::_64, cute::_128>>",
+    "coop128_2x1_ep128x64": f"{KB}::Variant<128, 128, 64, 2, 1, {COOPERATIVE}, {KB}::kRuntimeActivation, 0, "
+                            "cute::Shape<cute::_128, cute::_64>>",
 }
 
 
