@@ -45,6 +45,14 @@ VARIANTS = {
                       "cute::Shape<cute::_64, cute::_128>>",
     "coop128_2x1_ep128x64": f"{KB}::Variant<128, 128, 64, 2, 1, {COOPERATIVE}, {KB}::kRuntimeActivation, 0, "
                             "cute::Shape<cute::_128, cute::_64>>",
+    "coop128x256_2x1": f"{KB}::Variant<128, 256, 64, 2, 1, {COOPERATIVE}, {KB}::kRuntimeActivation>",
+    "coop128x256_2x1_ep128x64": f"{KB}::Variant<128, 256, 64, 2, 1, {COOPERATIVE}, {KB}::kRuntimeActivation, 0, "
+                                "cute::Shape<cute::_128, cute::_64>>",
+    "pp128_ep64x64_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kPlain, 0, "
+                           "cute::Shape<cute::_64, cute::_64>>",
+    # Stores straight from the accumulator registers (matmul only).
+    "pp128_nosmem_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {KB}::PingpongNoSmem, {KB}::kPlain>",
+    "coop128_2x1_nosmem_plain": f"{KB}::Variant<128, 128, 64, 2, 1, {KB}::CooperativeNoSmem, {KB}::kPlain>",
 }
 
 

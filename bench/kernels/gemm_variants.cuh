@@ -40,6 +40,17 @@ struct Epilogue<kGeluFixed> {
                                                                   Element, Element>;
 };
 
+// Ping-pong mainloop with the epilogue that stores from registers (no shared-memory staging, no
+// TMA store); CUTLASS builds it for the plain epilogue only.
+struct PingpongNoSmem {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::NoSmemWarpSpecialized;
+};
+struct CooperativeNoSmem {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::NoSmemWarpSpecialized;
+};
+
 template <int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Schedule, int Kind, int Stages = 0,
           class EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct Variant {
@@ -100,12 +111,23 @@ struct KindOf<B, std::void_t<decltype(B::kKind)>> {
   static constexpr int value = B::kKind;
 };
 
+// The epilogue tile of a collective epilogue, 0x0 for one without (the register-store epilogue).
+template <class E, class = void>
+struct EpilogueTileOf {
+  static constexpr int m = 0, n = 0;
+};
+template <class E>
+struct EpilogueTileOf<E, std::void_t<typename E::EpilogueTile>> {
+  static constexpr int m = int(cute::size<0>(typename E::EpilogueTile{}));
+  static constexpr int n = int(cute::size<1>(typename E::EpilogueTile{}));
+};
+
 template <class B>
 void describe(const char* name) {
-  using Tile = typename B::CollectiveEpilogue::EpilogueTile;
-  std::printf("variant %-14s stages %d, shared memory %d B, epilogue tile %dx%d\n", name,
-              int(B::CollectiveMainloop::DispatchPolicy::Stages), int(B::Kernel::SharedStorageSize),
-              int(cute::size<0>(Tile{})), int(cute::size<1>(Tile{})));
+  using Tile = EpilogueTileOf<typename B::CollectiveEpilogue>;
+  std::printf("variant %-22s stages %d, shared memory %d B, epilogue tile %dx%d\n", name,
+              int(B::CollectiveMainloop::DispatchPolicy::Stages), int(B::Kernel::SharedStorageSize), Tile::m,
+              Tile::n);
 }
 
 }  // namespace cutlass_ext::kernel_bench
