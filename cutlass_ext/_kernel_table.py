@@ -221,10 +221,11 @@ class GemmKernel:
     with_c: bool = False  # the epilogue adds beta * C (LoRA terms, in-place weight merges)
     ext_k: bool = False  # the K loop also runs over a second operand pair (gemm/sm90_extk.cuh)
     k_slices: bool = False  # D is fp32: the partial products of a batch of K slices (no bias/activation)
+    plain: bool = False  # the epilogue is alpha * A B alone (products without bias and activation)
 
     @property
     def name(self) -> str:
-        epilogue = "bias_act_aux" if self.aux else "c_bias_act" if self.with_c else "bias_act"
+        epilogue = "bias_act_aux" if self.aux else "c_bias_act" if self.with_c else "plain" if self.plain else "bias_act"
         if self.ext_k:
             epilogue = "extk_" + epilogue
         if self.k_slices:
@@ -281,7 +282,7 @@ class GemmKernel:
                 f"{str(cfg.transposed).lower()}, {cfg.tile_m}, {cfg.tile_n}, {tile_k}, "
                 f"{cfg.cluster_m}, {cfg.cluster_n}, ::cutlass_ext::sm90::{cfg.schedule}, "
                 f"::cutlass_ext::sm90::{cfg.scheduler}{', true' if self.ext_k else ''}"
-                f"{', false, true' if self.k_slices else ''}>"
+                f"{', false, true' if self.k_slices else ''}{', false, false, true' if self.plain else ''}>"
             )
         else:
             (tm, tn), (wm, wn) = cfg.tile, cfg.warp
@@ -312,7 +313,7 @@ class GemmKernel:
             f'{str(self.aux).lower()}, {str(self.with_c).lower()}, {self.gemm_arch}, "{self.family}", "{cfg.name}", '
             f'{tile_m}, {tile_n}, {cluster}, '
             f"{str(stream_k).lower()}, {str(transposed).lower()}, {str(self.ext_k).lower()}, "
-            f"{str(self.k_slices).lower()}, "
+            f"{str(self.k_slices).lower()}, {str(self.plain).lower()}, "
             f"&generated::{self.name}_workspace_size, &generated::{self.name}_run, "
             f"&generated::{self.name}_active_clusters}},"
         )
@@ -362,6 +363,12 @@ def all_kernels() -> list[GemmKernel]:
             # (an M-major A and an N-major B; a one-row A counts as K-major).
             if dtype != "tf32" and b == "n":
                 kernels.append(GemmKernel("sm90", dtype, a, b, False, K_SLICES_CONFIG, k_slices=True))
+            # The backward products (dX = dZ W: K-major A, N-major B; dW = dZ^T X: M-major A,
+            # N-major B) have no bias or activation. Where the epilogue is exposed (a short K) the
+            # plain one takes 0.6x the time of the bias and activation one (bench/NOTES.md section 23).
+            if dtype != "tf32" and b == "n":
+                for cfg in SM90_16BIT_CONFIGS:
+                    kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, plain=True))
     for dtype in ("bf16", "fp16", "tf32"):
         for a, b in itertools.product("km", "kn"):
             # Ampere TF32 reads K-major operands only (the binding copies others): it keeps the
@@ -437,7 +444,7 @@ def registry_source(kernels: list[GemmKernel]) -> str:
         + "const GemmKernelEntry kGemmKernels[] = {\n"
         + (rows + "\n" if rows else "")
         + "    {nullptr, DType::kF32, MathMode::kTensorOp, Major::kK, Major::kK, false, false, 0, nullptr, nullptr, 0, 0, 1, "
-        "false, false, false, false, nullptr, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
+        "false, false, false, false, false, nullptr, nullptr, nullptr},  // sentinel: keeps the array non-empty\n"
         + "};\n"
         + f"const int kNumGemmKernels = {len(kernels)};\n"
         + "}  // namespace cutlass_ext\n"

@@ -61,7 +61,7 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
     def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
         return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
                 and (kernel.a_major, kernel.b_major) == (a, b) and kernel.aux == aux
-                and not kernel.with_c and not kernel.ext_k and not kernel.k_slices
+                and not kernel.with_c and not kernel.ext_k and not kernel.k_slices and not kernel.plain
                 and (kernel.family == "sm90" and kernel.config.transposed) == transposed)
 
     kernels = _kernel_table.all_kernels()

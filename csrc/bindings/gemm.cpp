@@ -90,10 +90,12 @@ bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") ==
 
 // Kernels built for this dtype, math mode, layout and epilogue (empty when the combination has
 // no instantiation, or a selective build left it out). Majors are those of the kernel's own
-// operands: for transposed kernels A' = B^T and B' = A^T.
+// operands: for transposed kernels A' = B^T and B' = A^T. A `plain` product (no C, aux output,
+// bias or activation) takes a config's plain-epilogue kernel where one is built, in place of its
+// bias-and-activation kernel; other products never take plain kernels.
 std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode math, Major a, Major b, bool aux,
                                                 bool with_c, bool transposed, bool ext_k = false,
-                                                bool k_slices = false) {
+                                                bool k_slices = false, bool plain = false) {
   std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
@@ -103,9 +105,17 @@ std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode 
     const bool source_ok = e.source == with_c || (with_c && e.arch == 80);
     if (arch_ok && source_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
         e.aux == aux && e.transposed == transposed && e.ext_k == ext_k && e.k_slices == k_slices &&
-        !is_gemv(e)) {  // chosen before the others, on unpadded operands (few_column_kernel)
+        (plain || !e.plain) && !is_gemv(e)) {  // chosen before the others, on unpadded operands (few_column_kernel)
       out.push_back(&e);
     }
+  }
+  if (plain) {
+    auto has_plain_twin = [&](const GemmKernelEntry* e) {
+      return !e->plain && std::any_of(out.begin(), out.end(), [&](const GemmKernelEntry* o) {
+               return o->plain && std::strcmp(o->config, e->config) == 0;
+             });
+    };
+    out.erase(std::remove_if(out.begin(), out.end(), has_plain_twin), out.end());
   }
   return out;
 }
@@ -455,6 +465,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   // No kernel has both a C source and an aux output, and only the Hopper path has aux outputs;
   // such calls store Z and activate after.
   const bool kernel_aux = aux && math == MathMode::kTensorOp && !with_c && arch == 90;
+  // The kernel adds no C, bias or activation (an aux call without an aux kernel activates after).
+  const bool plain = !kernel_aux && !with_c && !bias_k.defined() && (aux || activation == int64_t(Activation::kNone));
   auto major_a = [&] { return va.y_contiguous ? Major::kK : Major::kMN; };
   auto major_b = [&] { return vb.y_contiguous ? Major::kMN : Major::kK; };
   // The short-K kernel takes part only when K fits it.
@@ -464,16 +476,16 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     return v;
   };
   std::vector<const GemmKernelEntry*> candidates =
-      usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false));
+      usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false, false, false, plain));
   // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
   std::vector<const GemmKernelEntry*> transposed;
-  if (!with_c) transposed = kernels_for(arch, dt, math, major_b(), major_a(), kernel_aux, false, true);
+  if (!with_c) transposed = kernels_for(arch, dt, math, major_b(), major_a(), kernel_aux, false, true, false, false, plain);
   if (candidates.empty() && transposed.empty()) {
     // No kernel reads this layout (TF32 with an N-major B and no transposed kernel, or a
     // selective build): copy the MN-major operands to K-major, which every build has.
     if (major_a() != Major::kK) copy_a_k_major();
     if (major_b() != Major::kK) copy_b_k_major();
-    candidates = usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false));
+    candidates = usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false, false, false, plain));
   }
   if (candidates.empty() && with_c) {
     // No C-source kernel in this (selective) build: the product, then the sum.

@@ -84,6 +84,9 @@ struct GemmKernelEntry {
   // Writes fp32 partial products: batch entry l of D is the product over the l-th K slice (the
   // binding views A and B as L slices of K; no bias, no activation), which sum_partials adds.
   bool k_slices;
+  // The epilogue is alpha * A B alone: for products without bias and activation, which take it
+  // in place of the bias-and-activation kernel of the same config.
+  bool plain;
   GemmWorkspaceFn workspace_size;
   GemmRunFn run;
   GemmActiveClustersFn active_clusters;

@@ -8,6 +8,9 @@
 // + bias) (gemm/sm90_extk.cuh), for LoRA's rank-r term.
 // A K-slices bundle writes fp32 partial products, D[l] = alpha * A[l] B[l] with the batch index l
 // running over slices of one product's K (the binding's strides), for a deterministic split-K.
+// A plain bundle (and every K-slices bundle) has the epilogue D = alpha * A B alone, without the
+// bias and run-time activation nodes: where the epilogue is exposed (K = 128: a weight gradient
+// over 128 rows) those nodes cost 1.6-1.7x the whole kernel (bench/NOTES.md section 23).
 // A transposed bundle computes the product with A and B exchanged (D^T = B^T A^T) for problems
 // with few rows: D is column-major and the bias runs along the kernel's M (the caller's N).
 //
@@ -57,7 +60,7 @@ Stride make_stride3(int64_t s0, int64_t s1, int64_t s2) {
 
 template <class Element_, class LayoutA, class LayoutB, bool kAux, bool kSource, bool kTransposed, int TileM, int TileN,
           int TileK, int ClusterM, int ClusterN, class Schedule, class Scheduler, bool kExtK = false,
-          bool kKSlices = false>
+          bool kKSlices = false, bool kPlain = false>
 struct GemmBundle {
   using Element = Element_;  // A, B, C, D, bias and aux share one element type (but K-slices' D)
   using ElementD = cute::conditional_t<kKSlices, float, Element>;
@@ -66,6 +69,9 @@ struct GemmBundle {
   static_assert(!(kTransposed && kSource), "transposed kernels serve plain products only");
   static_assert(!(kKSlices && (kAux || kSource || kTransposed || kExtK)),
                 "K-slices kernels write plain fp32 partial products");
+  static_assert(!(kPlain && (kAux || kSource || kTransposed || kExtK)),
+                "plain bundles serve products without C, aux output or a transposed tile");
+  static constexpr bool kPlainEpilogue = kPlain || kKSlices;
   static_assert(!(kExtK && (kSource || kTransposed || cute::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>)),
                 "extended-K kernels are data-parallel, without a source or a transposed product");
   using Accumulator = float;
@@ -78,7 +84,7 @@ struct GemmBundle {
   using LayoutD = cute::conditional_t<kTransposed, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
   // The bias follows the caller's N: the kernel's columns, or its rows when transposed.
-  using FusionOp = cute::conditional_t<
+  using BiasActOp = cute::conditional_t<
       kTransposed,
       cute::conditional_t<
           kAux,
@@ -92,10 +98,17 @@ struct GemmBundle {
                                                                  Element, Element, Element>,
           cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, ElementD, float, Element,
                                                               ElementD>>>;
+  using FusionOp = cute::conditional_t<kPlainEpilogue,
+                                       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,
+                                       BiasActOp>;
+  // The plain ping-pong epilogue stores 64x64 subtiles, twice the automatic 64x32: 17.6 -> 16.5 us
+  // at 4096 x 4096 x 128 and 36.3 -> 32.5 at 11008 x 4096 x 128 on an H200 (bench/kernels).
+  using EpilogueTile = cute::conditional_t<kPlain && cute::is_same_v<Schedule, Pingpong> && TileM == 128,
+                                           cute::Shape<cute::_64, cute::_64>,
+                                           cutlass::epilogue::collective::EpilogueTileAuto>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, float,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile, Accumulator, float,
       ElementC, LayoutD, kAlignment,
       ElementD, LayoutD, kAlignmentD, typename Schedule::Epilogue, FusionOp>::CollectiveOp;
 
@@ -148,8 +161,10 @@ struct GemmBundle {
     auto& fusion = args.epilogue.thread;
     fusion.alpha = p.alpha;
     fusion.beta = kSource ? p.beta : 0.f;
-    fusion.bias_ptr = static_cast<Element const*>(p.bias);
-    fusion.activation.kind = p.activation;
+    if constexpr (!kPlainEpilogue) {
+      fusion.bias_ptr = static_cast<Element const*>(p.bias);
+      fusion.activation.kind = p.activation;
+    }
     if constexpr (kAux) {
       fusion.aux_ptr = static_cast<Element*>(p.aux);
       fusion.dAux = epilogue_stride(decltype(fusion.dAux){}, p.aux_stride_m, p.aux_stride_l);
