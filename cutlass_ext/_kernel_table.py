@@ -66,7 +66,8 @@ SM90_16BIT_CONFIGS = (SM90_CONFIGS[0], SM90_CONFIGS[2])
 # H200: 1.3 active warps per scheduler of 3, tensor pipe 57% busy, where cuBLASLt's 128x128
 # kernel keeps both warpgroups on each tile: 73%). The cooperative kernel splits every tile
 # between its warpgroups; its 2x1 cluster shares each weight tile between two CTAs. Built for the
-# plain forward (K-major operands, no aux output, no C).
+# forward (K-major operands, no C), also with the aux output: a GELU/SiLU training forward over a
+# short K is bound by its epilogue, which the cooperative kernel runs on both warpgroups.
 #
 # From two waves on, the ping-pong tiles with a 2x2 cluster share both operand tiles between two
 # CTAs (the 1x2 cluster shares only the activation tile), which measured 1.06-1.11x faster on an
@@ -336,8 +337,8 @@ def all_kernels() -> list[GemmKernel]:
                     continue
                 for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
-                if dtype != "tf32" and (a, b, aux) == ("k", "k", False):
-                    for cfg in MID_CONFIGS:
+                if dtype != "tf32" and (a, b) == ("k", "k"):
+                    for cfg in MID_CONFIGS if not aux else MID_CONFIGS[:1]:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 # Transposed kernels serve small-M products: the forward (its A' is the K-major
                 # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.

@@ -96,3 +96,12 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     widths = (16, 32, 64, 128)
     filling = [t for t in widths if math.ceil(n_padded / 64) * math.ceil(m / t) >= sms and not (capped and t > 64)]
     return max(filling) if filling else min(widths)
+
+
+def aux_cooperative(m: int, k: int, n: int, sms: int) -> bool:
+    """Whether the GEMM heuristic (csrc/bindings/gemm_select.cpp) runs a bf16 m x k -> n training
+    forward of a GELU/SiLU layer (the aux epilogue) on the cooperative 128x128 tile: more than 256
+    rows, K <= 1024, N >= 256 and at least half a wave of 128x128 tiles."""
+    n_padded, k_padded = math.ceil(n / 8) * 8, math.ceil(k / 8) * 8
+    tiles = math.ceil(m / 128) * math.ceil(n_padded / 128)
+    return m > 256 and k_padded <= 1024 and n_padded >= 256 and 2 * tiles >= sms

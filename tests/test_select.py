@@ -15,7 +15,7 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
-from .helpers import narrow_n_tile
+from .helpers import aux_cooperative, narrow_n_tile
 
 ROOT = Path(__file__).resolve().parent.parent
 SMS = 132  # an H100 SXM / H200
@@ -56,7 +56,7 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
         else:
             (tile_m, tile_n), cluster, stream_k, transposed = cfg.tile, 1, False, False
         return (f"kernel {cfg.name} {kernel.family} {tile_m} {tile_n} {cluster} {int(stream_k)} {int(transposed)} "
-                f"{CLUSTERS[cluster]}")
+                f"{CLUSTERS[cluster]} {int(kernel.aux)}")
 
     def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
         return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
@@ -159,6 +159,18 @@ def test_lora_products_keep_the_extended_k_config(driver):
     # Mid-M and sub-wave rules are skipped when the product carries LoRA's rank-r pair.
     assert pick(driver, 768, 4096, 4096, extk=True)[0] == "128x128_1x2_pp"
     assert pick(driver, 768, 4096, 4096)[0] != "128x128_1x2_pp"
+
+
+@pytest.mark.parametrize("m,k,n", [(4096, 128, 4096), (16384, 128, 1024), (16384, 512, 1024), (16384, 1024, 1024),
+                                   (65536, 512, 256), (8192, 512, 256), (2048, 512, 256), (65536, 256, 64),
+                                   (16384, 2048, 1024), (4096, 1032, 4096), (300, 512, 4096), (8192, 500, 250)])
+def test_short_k_training_forward_takes_the_cooperative_tile(driver, m, k, n):
+    config, _ = pick(driver, m, k, n, aux=True)
+    assert (config == "128x128_2x1_coop") == aux_cooperative(m, k, n, SMS), config
+    # Without the aux output (a ReLU layer) the rule does not apply (beyond two waves, where no
+    # other rule picks the cooperative tile).
+    if aux_cooperative(m, k, n, SMS) and tiles(m, n, 128, 128) >= 2 * SMS:
+        assert pick(driver, m, k, n)[0] != "128x128_2x1_coop"
 
 
 def test_the_aux_forward_has_the_32_64_and_128_wide_transposed_tiles(driver):

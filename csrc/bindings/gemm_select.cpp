@@ -36,6 +36,18 @@ constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
 constexpr int64_t kNarrowNCappedMaxN = 64;
 constexpr int64_t kNarrowNCappedMaxK = 256;
 constexpr int64_t kNarrowNCappedTile = 64;
+// Training forwards of GELU/SiLU layers (an aux kernel: the epilogue evaluates the activation and
+// also stores the pre-activation) over a short K are bound by that epilogue, which a ping-pong CTA
+// runs on one math warpgroup at a time (one warp per scheduler, each dependent instruction waits)
+// and a cooperative CTA on both. With 256 or more columns, K up to 1024 and at least half a wave
+// of 128x128 tiles, the cooperative 128x128 tile. Measured on an H200 (bf16 bias+GELU with the
+// pre-activation, CUDA-graph replays, bench/NOTES.md section 23): 4096 x 128 -> 4096 85.7 -> 47.5
+// us, 16384 x 128 -> 1024 80.0 -> 46.3, 16384 x 512 -> 1024 80.5 -> 61.7, 65536 x 512 -> 256
+// 70.2 -> 62.2, 8192 x 512 -> 256 (128 tiles) 12.6 -> 10.9; it lost with 32 tiles (2048 x 512 ->
+// 256: 6.0 -> 9.9), with 64 columns (65536 x 256 -> 64: 19.9 -> 28.1) and at K = 2048 (16384 x
+// 2048 -> 1024: 113.7 -> 132.0). Without the aux output (a ReLU layer) it gained nothing.
+constexpr int64_t kAuxCooperativeMaxK = 1024;
+constexpr int64_t kAuxCooperativeMinN = 256;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
 // Below half a wave of 128x128 tiles, products up to this K take the transposed 64-row tiles
@@ -119,6 +131,15 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       const int64_t tiles = output_tiles(*best, M, N, L);
       const bool short_k = M <= kTransposedShortKMaxM && K <= kTransposedShortK && tiles >= kTransposedMinTiles;
       if (best->stream_k || tiles * 4 >= sms || short_k) return best;
+    }
+  }
+  // An epilogue-bound training forward: the cooperative tile (above).
+  if (M > kTransposedMaxM && K <= kAuxCooperativeMaxK && N >= kAuxCooperativeMinN && !with_extk_twin) {
+    for (const GemmKernelEntry* e : cutlass) {
+      if (e->aux && !e->transposed && !e->stream_k && std::strstr(e->config, "coop") != nullptr &&
+          2 * output_tiles(*e, M, N, L) >= int64_t(sms)) {
+        return e;
+      }
     }
   }
   // Few columns, many rows, short K: the transposed product, where the 128-wide tiles spent most

@@ -1,6 +1,6 @@
 // Runs the GEMM kernel heuristic (csrc/bindings/gemm_select.h) on kernel entries and shapes read
 // from stdin, without a GPU (tests/test_select.py). Lines:
-//   kernel <config> <family> <tile_m> <tile_n> <cluster_size> <stream_k> <transposed> <active_clusters>
+//   kernel <config> <family> <tile_m> <tile_n> <cluster_size> <stream_k> <transposed> <active_clusters> <aux>
 //     appends a candidate (kernel table order; the transposed kernels last, as the binding does);
 //   query <M> <N> <K> <L> <sms> <with_extk_twin> <element_size>
 //     prints "<config> <splits>" (splits: split_k_factor for a stream-K pick, else 1);
@@ -48,8 +48,8 @@ int main() {
     in >> what;
     if (what == "kernel") {
       std::string config, family;
-      int tile_m, tile_n, cluster_size, stream_k, transposed, clusters;
-      in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters;
+      int tile_m, tile_n, cluster_size, stream_k, transposed, clusters, aux;
+      in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters >> aux;
       if (!in || candidates.size() >= size_t(kMaxKernels)) {
         std::printf("error: bad kernel line: %s\n", line.c_str());
         return 1;
@@ -69,6 +69,7 @@ int main() {
       e.cluster_size = cluster_size;
       e.stream_k = stream_k != 0;
       e.transposed = transposed != 0;
+      e.aux = aux != 0;
       e.active_clusters = kClusterFns[slot];
       entries.push_back(e);
       candidates.push_back(&entries.back());

@@ -16,8 +16,8 @@ from cutlass_ext.ops import _activation
 from cutlass_ext.ops import linear as linear_ops
 
 from ..conftest import HAS_CUDA, requires_cuda
-from ..helpers import (DTYPES, assert_close_to_reference, capture_cuda_graph, cuda_kernels_run, fp32_precision,
-                       gemm_kernels_run, narrow_n_tile)
+from ..helpers import (DTYPES, assert_close_to_reference, aux_cooperative, capture_cuda_graph, cuda_kernels_run,
+                       fp32_precision, gemm_kernels_run, narrow_n_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -450,6 +450,16 @@ def test_every_kernel(name, monkeypatch):
             assert any("sum_partials" in n for n in names), names
             assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), dtype_name)
             return
+        if kernel.plain:
+            # Products without bias or activation (the backward's dX and dW) take the plain
+            # epilogue; with a bias the same config runs its bias-and-activation twin.
+            out, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
+            assert len(names) == 1 and "EltAct" not in names[0], names
+            assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), dtype_name)
+            y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, B, bias))
+            assert len(names) == 1 and "EltAct" in names[0], names
+            assert_close_to_reference(y, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"), dtype_name)
+            return
         if kernel.with_c:
             # C-source kernels serve in-place accumulation: W += s * A @ B as a LoRA merge
             # (lora_B is the A operand, lora_A the B operand), checked to write W in place.
@@ -744,6 +754,28 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
         assert name not in forced.values(), name
     else:
         assert name == forced[expected], (name, expected)
+
+
+# A training forward of a GELU/SiLU layer (the aux epilogue) over a short K: the cooperative 128x128
+# tile, which shares each tile's epilogue between both math warpgroups.
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("m,k,n", [(4096, 128, 4096), (8192, 500, 250), (2048, 512, 256), (16384, 2048, 1024),
+                                   (8192, 256, 64)])
+def test_short_k_training_forward_takes_the_cooperative_tile(m, k, n):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
+    (y, z), names = gemm_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, W.t(), bias, "gelu", True))
+    assert len(names) == 1, names
+    cooperative = "Cooperative" in names[0] and "StreamK" not in names[0]
+    assert cooperative == aux_cooperative(m, k, n, sms), names[0]
+    assert_close_to_reference(z, ref_linear(A, W.t(), bias, "none"), peer_linear(A, W.t(), bias, "none"), "bf16",
+                              what="aux")
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "gelu"), peer_linear(A, W.t(), bias, "gelu"), "bf16")
 
 
 # Below half a wave of 128x128 tiles with K <= 4096 and more than 256 columns: the transposed 64-row
