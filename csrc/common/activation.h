@@ -21,39 +21,9 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 constexpr float kTanhBeta = 0.79788456080286535588f;  // sqrt(2/pi)
 constexpr float kTanhKappa = 0.044715f;
 
-// erf(x) with no branch, for GELU. The CUDA library's erff skips its exponential for |x| < 1
-// behind a branch, so each element of an epilogue fragment becomes a block of its own and one
-// element's dependent chain runs after the other's; here both polynomials and the exponential
-// always run and a select picks, so the compiler interleaves the elements. Polynomials fitted
-// for this library (least squares on Chebyshev nodes in double precision):
-//   |x| < 1:  erf(x) = x * P(x^2), P of degree 6;
-//   |x| >= 1: erf(|x|) = 1 - 2^Q(|x|), Q of degree 6 fitted to log2(erfc) on [1, 3.92] (beyond,
-//             erf rounds to 1 in fp32).
-// Max error against erf in double precision over [-8, 8] (fp32 arithmetic): 2.4 ulp, 1.3 ulp for
-// |x| >= 1.
-CE_HOST_DEVICE float erf_no_branch(float x) {
-  const float t = fabsf(x);
-  const float u = x * x;
-  float p = fmaf(7.847259257687256e-05f, u, -0.0008008189033716917f);
-  p = fmaf(p, u, 0.005188099108636379f);
-  p = fmaf(p, u, -0.026853691786527634f);
-  p = fmaf(p, u, 0.1128358244895935f);
-  p = fmaf(p, u, -0.3761262595653534f);
-  p = fmaf(p, u, 1.1283791065216064f);
-  const float tail = fminf(t, 3.92f);
-  float q = fmaf(0.00026889980654232204f, tail, -0.004252183251082897f);
-  q = fmaf(q, tail, 0.03150225058197975f);
-  q = fmaf(q, tail, -0.14874088764190674f);
-  q = fmaf(q, tail, -0.9206644892692566f);
-  q = fmaf(q, tail, -1.6260342597961426f);
-  q = fmaf(q, tail, -0.0004960543010383844f);
-  const float large = copysignf(1.f - exp2f(q), x);
-  return t >= 1.f ? large : x * p;  // NaN takes x * p: it propagates
-}
-
 // relu keeps NaN (as torch.relu does): NaN < 0 is false.
 CE_HOST_DEVICE float relu(float x) { return x < 0.f ? 0.f : x; }
-CE_HOST_DEVICE float gelu(float x) { return 0.5f * x * (1.f + erf_no_branch(x * kInvSqrt2)); }
+CE_HOST_DEVICE float gelu(float x) { return 0.5f * x * (1.f + erff(x * kInvSqrt2)); }
 CE_HOST_DEVICE float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(kTanhBeta * (x + kTanhKappa * x * x * x)));
 }
@@ -77,7 +47,7 @@ CE_HOST_DEVICE float backward(int kind, float dy, float saved) {
   switch (kind) {
     case int(Activation::kRelu): return saved > 0.f ? dy : 0.f;
     case int(Activation::kGelu): {
-      const float cdf = 0.5f * (1.f + erf_no_branch(saved * kInvSqrt2));
+      const float cdf = 0.5f * (1.f + erff(saved * kInvSqrt2));
       const float pdf = kInvSqrt2Pi * expf(-0.5f * saved * saved);
       return dy * (cdf + saved * pdf);
     }
