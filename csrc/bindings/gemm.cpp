@@ -605,22 +605,23 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     launch(e, q);
     check_launch(sum_partials(partials.data_ptr<float>(), 1, slices, M * Np, dt, target.data_ptr(), stream), op,
                  "sum_partials");
-    if (Np != N) d = d.narrow(2, 0, N).contiguous();
-    return deliver(d, z);
   };
+  // K slices run when forced by name, or in place of a split-K pick (below).
+  const GemmKernelEntry* slicer = nullptr;
+  int slices = 0;
   if (!opts.config.empty()) {
-    const GemmKernelEntry* slicer = slices_kernel();
-    if (slicer != nullptr && opts.config == slicer->config) {
-      const int slices = k_slices(*slicer, M, Np, Kp, p.sm_count);
+    const GemmKernelEntry* named = slices_kernel();
+    if (named != nullptr && opts.config == named->config) {
+      slicer = named;
+      slices = k_slices(*slicer, M, Np, Kp, p.sm_count);
       CE_CHECK(slices >= 2, op, ": config '", opts.config, "' cuts K = ", Kp, " into equal slices of at least ",
                kMinSliceK, " (a multiple of ", kSliceAlignK, "), at most one tile per SM; this ", M, " x ", Np,
                " product has none: use another config");
-      return run_k_slices(*slicer, slices);
     }
   }
 
   const GemmKernelEntry* kernel = nullptr;
-  if (opts.config.empty() && candidates.size() > 1 && tuning::active()) {
+  if (slicer == nullptr && opts.config.empty() && candidates.size() > 1 && tuning::active()) {
     // A tuned choice for this bucket, or (tuning on, not capturing a graph) a measurement now.
     const std::string layouts = std::string(major_a() == Major::kK ? "k" : "m") + (major_b() == Major::kK ? "k" : "n");
     const std::string key = tuning::make_key(device, dtype_name(dt), math == MathMode::kExactF32 ? "exact" : "tensorop",
@@ -648,18 +649,23 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
       tuning::record(key, kernel->config);
     }
   }
-  if (kernel == nullptr) {
+  if (slicer == nullptr && kernel == nullptr) {
     kernel = opts.config.empty() ? select_kernel(candidates, M, Np, Kp, L, p.sm_count, has_a2)
                                  : forced_kernel(candidates, opts.config);
   }
-  if (opts.config.empty() && kernel->stream_k &&
+  if (slicer == nullptr && opts.config.empty() && kernel->stream_k &&
       split_k_factor(*kernel, M, Np, Kp, L, p.sm_count, a.element_size()) > 1) {
-    if (const GemmKernelEntry* slicer = slices_kernel()) {
-      const int slices = k_slices(*slicer, M, Np, Kp, p.sm_count);
-      if (slices >= 2) return run_k_slices(*slicer, slices);
+    if (const GemmKernelEntry* sliced = slices_kernel()) {
+      const int n = k_slices(*sliced, M, Np, Kp, p.sm_count);
+      if (n >= 2) {
+        slicer = sliced;
+        slices = n;
+      }
     }
   }
-  if (has_a2) {
+  if (slicer != nullptr) {
+    run_k_slices(*slicer, slices);
+  } else if (has_a2) {
     // The extended-K twin of the chosen kernel, when A2 and B2 are readable with A's and B's
     // majorness (N is unpadded here: see above); otherwise the second product runs first.
     const GemmKernelEntry* twin = nullptr;
