@@ -5,6 +5,7 @@
 
 #include "common/activation.h"
 #include "common/device_utils.cuh"
+#include "elementwise/column_sums.cuh"
 #include "elementwise/reduce_kernels.h"
 
 namespace cutlass_ext {
@@ -16,16 +17,16 @@ constexpr int kMinRowsPerThread = 2;  // rows each thread walks at least, in a s
 
 // Threads across columns for `cols` columns of `vec`-wide vectors: up to a warp, no more than
 // the row has vectors (a 16-column row has two), the rest of the block across rows.
-int threads_x(int64_t cols, int vec) {
-  return int(std::min<int64_t>(kMaxThreadsX, pow2_at_least(ceil_div(cols, vec))));
-}
+int threads_x(int64_t cols, int vec) { return column_threads(ceil_div(cols, vec), kMaxThreadsX); }
 
 // Block (tx, ty) with tx * ty = kThreads: tx threads across columns, ty across rows. Each thread
-// adds its rows' dZ into fp32 sums; the block adds its ty rows of sums in a fixed tree order.
+// adds its rows' dZ into fp32 sums; the block adds its ty rows of sums in a fixed order
+// (add_thread_rows).
 template <class T, int kVec, int kKind>
 __global__ void __launch_bounds__(kThreads)
 act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
   __shared__ float sums[kThreads * kVec];
+  __shared__ float scratch[kThreads];
   const int tx = blockDim.x, ty = blockDim.y;
   const int64_t col0 = (int64_t(blockIdx.x) * tx + threadIdx.x) * kVec;
   const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
@@ -61,27 +62,18 @@ act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
   }
   if (p.grad_bias == nullptr) return;
 
-  float* mine = sums + (threadIdx.y * tx + threadIdx.x) * kVec;
+  const int width = tx * kVec;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) mine[i] = acc[i];
-  // Rows y and y + half are added for half = ty / 2, ty / 4, ..., 1: a fixed order.
-  for (int half = ty / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half) {
-      const float* other = mine + half * tx * kVec;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) mine[i] += other[i];
-    }
-  }
-  if (threadIdx.y != 0 || col0 >= p.cols) return;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    if (col0 + i >= p.cols) break;
-    if (p.row_splits == 1) {
-      static_cast<T*>(p.grad_bias)[col0 + i] = T(mine[i]);
-    } else {
-      p.partials[int64_t(blockIdx.y) * p.cols + col0 + i] = mine[i];
-    }
+  for (int i = 0; i < kVec; ++i) sums[threadIdx.y * width + threadIdx.x * kVec + i] = acc[i];
+  __syncthreads();
+  const float total = add_thread_rows<kThreads>(sums, scratch, width, ty);
+  const int t = threadIdx.y * tx + threadIdx.x;
+  const int64_t col = int64_t(blockIdx.x) * width + t;
+  if (t >= width || col >= p.cols) return;
+  if (p.row_splits == 1) {
+    static_cast<T*>(p.grad_bias)[col] = T(total);
+  } else {
+    p.partials[int64_t(blockIdx.y) * p.cols + col] = total;
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/device_utils.cuh"
+#include "elementwise/column_sums.cuh"
 
 namespace cutlass_ext {
 namespace {
@@ -115,25 +116,6 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
 // sums rows [split * rows_per_split, ...) of its column chunk (blockDim.x threads of kVec adjacent
 // elements each); thread rows add in a fixed order, then the block's rows in a fixed order.
 
-// Adds the block's thread rows: sums[y * width + c] for y = 0 .. ty-1, column c < width, using all
-// threads (lanes y = l, l + lanes, ... first, then the lanes in order). Thread c < width returns
-// its column's total; `scratch` holds kThreads floats.
-__device__ __forceinline__ float add_thread_rows(const float* sums, float* scratch, int width, int ty) {
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lanes = kThreads / width;  // width is a power of two <= kThreads
-  const int c = t % width, l = t / width;
-  float s = 0.f;
-  for (int y = l; y < ty; y += lanes) s += sums[y * width + c];
-  if (lanes == 1) return s;
-  scratch[l * width + c] = s;
-  __syncthreads();
-  float total = 0.f;
-  if (t < width) {
-    for (int k = 0; k < lanes; ++k) total += scratch[k * width + t];
-  }
-  return total;
-}
-
 template <class T, int kVec>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(SumParams p, int64_t col_blocks,
                                                                           int64_t rows_per_split) {
@@ -174,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
 #pragma unroll
   for (int i = 0; i < kVec; ++i) sums[threadIdx.y * width + threadIdx.x * kVec + i] = acc[i];
   __syncthreads();
-  const float total = add_thread_rows(sums, scratch, width, ty);
+  const float total = add_thread_rows<kThreads>(sums, scratch, width, ty);
   const int t = threadIdx.y * tx + threadIdx.x;
   if (t >= width || col0 + t >= p.inner) return;
   if (p.splits == 1) {
@@ -187,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
 template <class T, int kVec>
 void launch_columns(SumParams const& p, int col_threads, cudaStream_t stream) {
   const int64_t inner_vecs = ceil_div(p.inner, kVec);
-  const int tx = int(std::min<int64_t>(col_threads, pow2_at_least(inner_vecs)));
+  const int tx = column_threads(inner_vecs, col_threads);
   const dim3 block{unsigned(tx), unsigned(kThreads / tx)};
   const int64_t col_blocks = ceil_div(inner_vecs, tx);
   const int64_t rows_per_split = ceil_div(p.reduce, p.splits);
@@ -254,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsPara
   float* row = sums + threadIdx.y * width + threadIdx.x * 4;
   row[0] = acc.x; row[1] = acc.y; row[2] = acc.z; row[3] = acc.w;
   __syncthreads();
-  const float total = add_thread_rows(sums, scratch, width, lanes);
+  const float total = add_thread_rows<kThreads>(sums, scratch, width, lanes);
   const int t = threadIdx.y * q + threadIdx.x;
   if (t < width && col0 + t < p.inner) static_cast<T*>(p.out)[o * p.inner + col0 + t] = T(total);
 }
@@ -342,9 +324,9 @@ void plan_sum(SumParams& p, int sm_count) {
     // splits to add in the second stage. The grid stays within one wave of resident blocks; a
     // partial second wave of blocks cost 7% at 32768 x 4096.
     const int64_t inner_vecs = ceil_div(p.inner, vec);
-    const int64_t wide = std::min<int64_t>(kMaxColumnThreads, pow2_at_least(inner_vecs));
+    const int64_t wide = column_threads(inner_vecs, kMaxColumnThreads);
     if (ceil_div(inner_vecs, wide) * p.outer < target) {
-      p.col_threads = int(std::min<int64_t>(kSplitColumnThreads, pow2_at_least(inner_vecs)));
+      p.col_threads = column_threads(inner_vecs, kSplitColumnThreads);
       const int64_t blocks = ceil_div(inner_vecs, p.col_threads) * p.outer;
       const int64_t rows = kThreads / p.col_threads;
       splits = std::min(target / blocks, p.reduce / (rows * kMinRowsPerThread));

@@ -1,0 +1,39 @@
+// Column sums over a block's thread rows, shared by the column reductions (reduce_kernels.cu) and
+// act_grad's bias gradient (activation_kernels.cu): a block of (tx, ty) threads, tx across columns
+// (kVec adjacent columns each), ty across rows, each thread holding the sums of its rows.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/device_utils.cuh"
+
+namespace cutlass_ext {
+
+// Threads across columns for rows of `vectors` vectors: the next power of two, at most `max_threads`.
+inline int column_threads(int64_t vectors, int max_threads) {
+  return int(std::min<int64_t>(max_threads, pow2_at_least(vectors)));
+}
+
+// Adds the block's thread rows: sums[y * width + c] for y = 0 .. ty-1 and columns c < width, in a
+// fixed order using all kThreads threads (lane l adds rows l, l + lanes, ... first, then the lanes
+// are added in order). Thread c < width returns its column's total; `scratch` holds kThreads
+// floats. width is a power of two <= kThreads. Every thread of the block must call it.
+template <int kThreads>
+__device__ __forceinline__ float add_thread_rows(const float* sums, float* scratch, int width, int ty) {
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lanes = kThreads / width;
+  const int c = t % width, l = t / width;
+  float s = 0.f;
+  for (int y = l; y < ty; y += lanes) s += sums[y * width + c];
+  if (lanes == 1) return s;
+  scratch[l * width + c] = s;
+  __syncthreads();
+  float total = 0.f;
+  if (t < width) {
+    for (int k = 0; k < lanes; ++k) total += scratch[k * width + t];
+  }
+  return total;
+}
+
+}  // namespace cutlass_ext
