@@ -16,9 +16,10 @@ inline int column_threads(int64_t vectors, int max_threads) {
 }
 
 // Adds the block's thread rows: sums[y * width + c] for y = 0 .. ty-1 and columns c < width, in a
-// fixed order using all kThreads threads (lane l adds rows l, l + lanes, ... first, then the lanes
-// are added in order). Thread c < width returns its column's total; `scratch` holds kThreads
-// floats. width is a power of two <= kThreads. Every thread of the block must call it.
+// fixed order using all kThreads threads: lane l adds rows l, l + lanes, ... (lanes = kThreads /
+// width), then the lanes are added pairwise (l and l + half for half = lanes / 2, ..., 1). Thread
+// c < width returns its column's total; `scratch` holds kThreads floats. width is a power of two
+// <= kThreads. Every thread of the block must call it.
 template <int kThreads>
 __device__ __forceinline__ float add_thread_rows(const float* sums, float* scratch, int width, int ty) {
   const int t = threadIdx.y * blockDim.x + threadIdx.x;
@@ -28,12 +29,12 @@ __device__ __forceinline__ float add_thread_rows(const float* sums, float* scrat
   for (int y = l; y < ty; y += lanes) s += sums[y * width + c];
   if (lanes == 1) return s;
   scratch[l * width + c] = s;
-  __syncthreads();
-  float total = 0.f;
-  if (t < width) {
-    for (int k = 0; k < lanes; ++k) total += scratch[k * width + t];
+  for (int half = lanes / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (l < half) scratch[l * width + c] += scratch[(l + half) * width + c];
   }
-  return total;
+  __syncthreads();
+  return t < width ? scratch[t] : 0.f;
 }
 
 }  // namespace cutlass_ext
