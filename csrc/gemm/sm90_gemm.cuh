@@ -101,11 +101,19 @@ struct GemmBundle {
   using FusionOp = cute::conditional_t<kPlainEpilogue,
                                        cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,
                                        BiasActOp>;
-  // The plain ping-pong epilogue stores 64x64 subtiles, twice the automatic 64x32: 17.6 -> 16.5 us
-  // at 4096 x 4096 x 128 and 36.3 -> 32.5 at 11008 x 4096 x 128 on an H200 (bench/kernels).
-  using EpilogueTile = cute::conditional_t<kPlain && cute::is_same_v<Schedule, Pingpong> && TileM == 128,
-                                           cute::Shape<cute::_64, cute::_64>,
-                                           cutlass::epilogue::collective::EpilogueTileAuto>;
+  // Wider epilogue subtiles than CUTLASS's automatic ones (64x32 ping-pong, 128x32 cooperative) for
+  // the 128-row tiles without C or aux output: half the subtiles, so half the unrolled copies of
+  // the epilogue's code (the run-time activation's cases made it ~15K instructions, and its warps
+  // stalled on instruction fetch: 1.68 cycles per issued instruction against 0.38 with ReLU fixed
+  // at compile time, ncu at 4096 x 4096 x 128). On an H200 (bench/kernels, L2 flushed; bias+ReLU /
+  // plain): ping-pong 64x64 4096 x 4096 x 128 37.7 -> 30.1 / 17.6 -> 16.5 us, 65536 x 128 x 64
+  // 33.9 -> 28.3, 1024^3 20.0 -> 17.5, 4096^3 189.6 -> 188.0; cooperative 128x64 4096 x 4096 x 128
+  // 32.8 -> 29.7, 1024^3 15.1 -> 14.2, 4096^3 200.4 -> 198.0 (bench/NOTES.md section 23).
+  static constexpr bool kWideEpilogueTile = TileM == 128 && !kTransposed && !kAux && !kSource && !kKSlices && !kExtK;
+  using EpilogueTile = cute::conditional_t<
+      kWideEpilogueTile && cute::is_same_v<Schedule, Pingpong>, cute::Shape<cute::_64, cute::_64>,
+      cute::conditional_t<kWideEpilogueTile && cute::is_same_v<Schedule, Cooperative>,
+                          cute::Shape<cute::_128, cute::_64>, cutlass::epilogue::collective::EpilogueTileAuto>>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile, Accumulator, float,
