@@ -10,7 +10,7 @@
 // running over slices of one product's K (the binding's strides), for a deterministic split-K.
 // A plain bundle (and every K-slices bundle) has the epilogue D = alpha * A B alone, without the
 // bias and run-time activation nodes: where the epilogue is exposed (K = 128: a weight gradient
-// over 128 rows) those nodes cost 1.6-1.7x the whole kernel (bench/NOTES.md section 23).
+// over 128 rows) the kernel with those nodes took 1.6-1.7x the time (bench/NOTES.md section 23).
 // A transposed bundle computes the product with A and B exchanged (D^T = B^T A^T) for problems
 // with few rows: D is column-major and the bias runs along the kernel's M (the caller's N).
 //
@@ -102,13 +102,14 @@ struct GemmBundle {
                                        cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,
                                        BiasActOp>;
   // Wider epilogue subtiles than CUTLASS's automatic ones (64x32 ping-pong, 128x32 cooperative) for
-  // the 128-row tiles without C or aux output: half the subtiles, so half the unrolled copies of
-  // the epilogue's code (the run-time activation's cases made it ~15K instructions, and its warps
-  // stalled on instruction fetch: 1.68 cycles per issued instruction against 0.38 with ReLU fixed
-  // at compile time, ncu at 4096 x 4096 x 128). On an H200 (bench/kernels, L2 flushed; bias+ReLU /
-  // plain): ping-pong 64x64 4096 x 4096 x 128 37.7 -> 30.1 / 17.6 -> 16.5 us, 65536 x 128 x 64
-  // 33.9 -> 28.3, 1024^3 20.0 -> 17.5, 4096^3 189.6 -> 188.0; cooperative 128x64 4096 x 4096 x 128
-  // 32.8 -> 29.7, 1024^3 15.1 -> 14.2, 4096^3 200.4 -> 198.0 (bench/NOTES.md section 23).
+  // the 128-row tiles without C, aux output, K slices or a second operand pair (the kinds
+  // measured): half the subtiles, so half the unrolled copies of the epilogue's code (the run-time
+  // activation's cases made it ~15K instructions, and its warps stalled on instruction fetch: 1.68
+  // cycles per issued instruction against 0.38 with ReLU fixed at compile time, ncu at 4096 x 4096
+  // x 128). On an H200 (bench/kernels, L2 flushed; bias+ReLU / plain): ping-pong 64x64 4096 x 4096
+  // x 128 37.7 -> 30.1 / 17.6 -> 16.5 us, 65536 x 128 x 64 33.9 -> 28.3, 1024^3 20.0 -> 17.5,
+  // 4096^3 189.6 -> 188.0; cooperative 128x64 4096 x 4096 x 128 32.8 -> 29.7, 1024^3 15.1 -> 14.2,
+  // 4096^3 200.4 -> 198.0 (bench/NOTES.md section 23).
   static constexpr bool kWideEpilogueTile = TileM == 128 && !kTransposed && !kAux && !kSource && !kKSlices && !kExtK;
   using EpilogueTile = cute::conditional_t<
       kWideEpilogueTile && cute::is_same_v<Schedule, Pingpong>, cute::Shape<cute::_64, cute::_64>,
