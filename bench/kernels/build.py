@@ -51,8 +51,8 @@ VARIANTS = {
     "pp128_ep64x64_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kPlain, 0, "
                            "cute::Shape<cute::_64, cute::_64>>",
     # Stores straight from the accumulator registers (matmul only).
-    "pp128_nosmem_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {KB}::PingpongNoSmem, {KB}::kPlain>",
-    "coop128_2x1_nosmem_plain": f"{KB}::Variant<128, 128, 64, 2, 1, {KB}::CooperativeNoSmem, {KB}::kPlain>",
+    "pp128_nosmem_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {KB}::NoSmem<{PINGPONG}>, {KB}::kPlain>",
+    "coop128_2x1_nosmem_plain": f"{KB}::Variant<128, 128, 64, 2, 1, {KB}::NoSmem<{COOPERATIVE}>, {KB}::kPlain>",
 }
 
 

@@ -40,14 +40,11 @@ struct Epilogue<kGeluFixed> {
                                                                   Element, Element>;
 };
 
-// Ping-pong mainloop with the epilogue that stores from registers (no shared-memory staging, no
-// TMA store); CUTLASS builds it for the plain epilogue only.
-struct PingpongNoSmem {
-  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-  using Epilogue = cutlass::epilogue::NoSmemWarpSpecialized;
-};
-struct CooperativeNoSmem {
-  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+// A schedule's mainloop with the epilogue that stores from registers (no shared-memory staging,
+// no TMA store); CUTLASS builds it for the plain epilogue only.
+template <class Schedule>
+struct NoSmem {
+  using Kernel = typename Schedule::Kernel;
   using Epilogue = cutlass::epilogue::NoSmemWarpSpecialized;
 };
 
