@@ -360,14 +360,12 @@ def all_kernels() -> list[GemmKernel]:
             if dtype != "tf32" and a == "k":
                 for aux in (False, True) if b == "k" else (False,):
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, EXTK_CONFIG, ext_k=True))
-            # K slices serve weight gradients, A^T dZ with both operands row-major [tokens, width]
-            # (an M-major A and an N-major B; a one-row A counts as K-major).
+            # The backward products (dX = dZ W: K-major A, N-major B; dW = dZ^T X: M-major A,
+            # N-major B) have no bias or activation. K slices serve weight gradients over many rows
+            # (a one-row A counts as K-major). Where the epilogue is exposed (a short K) the plain
+            # one takes 0.6x the time of the bias and activation one (bench/NOTES.md section 23).
             if dtype != "tf32" and b == "n":
                 kernels.append(GemmKernel("sm90", dtype, a, b, False, K_SLICES_CONFIG, k_slices=True))
-            # The backward products (dX = dZ W: K-major A, N-major B; dW = dZ^T X: M-major A,
-            # N-major B) have no bias or activation. Where the epilogue is exposed (a short K) the
-            # plain one takes 0.6x the time of the bias and activation one (bench/NOTES.md section 23).
-            if dtype != "tf32" and b == "n":
                 for cfg in SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, plain=True))
     for dtype in ("bf16", "fp16", "tf32"):
