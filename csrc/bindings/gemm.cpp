@@ -580,11 +580,11 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   // A product that would split K (few output tiles over a long K: a weight gradient over many
   // rows) runs as equal K slices into fp32 partial products, which a second kernel adds in a fixed
   // order (K_SLICES_CONFIG in cutlass_ext/_kernel_table.py); CUTLASS's split-K adds a tile's
-  // splits one after another. Plain products only: no C, bias, activation or batch. The K-slices
-  // kernel for the layout is looked up only by the calls that could take it (not on every GEMM).
+  // splits one after another. Plain products only (no C, bias or activation), without an aux
+  // output, batch or second operand pair. The K-slices kernel for the layout is looked up only by
+  // the calls that could take it (not on every GEMM).
   auto slices_kernel = [&]() -> const GemmKernelEntry* {
-    if (L != 1 || with_c || has_a2 || aux || bias_k.defined() || activation != int64_t(Activation::kNone) ||
-        !target.is_contiguous()) {
+    if (!plain || aux || L != 1 || has_a2 || !target.is_contiguous()) {
       return nullptr;
     }
     const std::vector<const GemmKernelEntry*> sliced =
