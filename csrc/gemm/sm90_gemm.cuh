@@ -90,13 +90,13 @@ struct GemmBundle {
           kAux,
           cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
                                                                  Element, Element, Element>,
-          cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<RuntimeActivation, Element, float, Element,
+          cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<CompactRuntimeActivation, Element, float, Element,
                                                               Element>>,
       cute::conditional_t<
           kAux,
           cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
                                                                  Element, Element, Element>,
-          cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, ElementD, float, Element,
+          cutlass::epilogue::fusion::LinCombPerColBiasEltAct<CompactRuntimeActivation, ElementD, float, Element,
                                                               ElementD>>>;
   using FusionOp = cute::conditional_t<kPlainEpilogue,
                                        cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,

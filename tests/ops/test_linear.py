@@ -475,7 +475,17 @@ def test_every_kernel(name, monkeypatch):
             assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"),
                                       dtype_name, what="aux")
         else:
-            y, _ = torch.ops.cutlass_ext.linear(A, B, bias, "gelu", False)
+            # Every activation: the sm90 epilogues run none and ReLU inline and the smooth ones
+            # out of line (gemm/epilogue_activation.cuh). ReLU keeps a NaN.
+            for act in ACTS:
+                y, _ = torch.ops.cutlass_ext.linear(A, B, bias, act, False)
+                peer = peer_linear(A, B, bias, act)
+                assert_close_to_reference(y, ref_linear(A, B, bias, act), peer, dtype_name, what=act)
+            A_nan = A.clone()
+            A_nan[0, 0] = float("nan")
+            y, _ = torch.ops.cutlass_ext.linear(A_nan, B, bias, "relu", False)
+            assert torch.isnan(y[0]).all() and torch.isfinite(y[1:]).all()
+            return
         peer = peer_linear(A, B, bias, "gelu")
     assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), peer, dtype_name)
 
