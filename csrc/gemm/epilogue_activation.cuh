@@ -50,16 +50,16 @@ struct RuntimeActivation<cutlass::Array<T, N>> {
 };
 
 // The same contract, laid out for epilogues that run once per output subtile: none and ReLU (the
-// kinds of most forward products) inline as one select against a floor, the smooth activations in
-// one out-of-line function. CUTLASS unrolls the epilogue's subtile loop, and with every kind's
-// code inline in each copy the ping-pong 128x128 kernel held ~15K instructions against ~2K with
-// ReLU fixed at compile time; at a short K its epilogue warps then stalled on instruction fetch
-// (bench/NOTES.md sections 19 and 23).
-template <class T, int N>
-__noinline__ __device__ cutlass::Array<T, N> smooth_activation(cutlass::Array<T, N> v, int kind) {
+// kinds of most forward products) inline as one select against a floor, each smooth activation in
+// an out-of-line function of its own (the branch to it is on the kernel parameter, uniform).
+// CUTLASS unrolls the epilogue's subtile loop, and with every kind's code inline in each copy the
+// ping-pong 128x128 kernel held ~15K instructions against ~2K with ReLU fixed at compile time; at a
+// short K its epilogue warps then stalled on instruction fetch (bench/NOTES.md sections 19, 23).
+template <int Kind, class T, int N>
+__noinline__ __device__ cutlass::Array<T, N> smooth_activation(cutlass::Array<T, N> v) {
   cutlass::Array<T, N> out;
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < N; ++i) out[i] = T(act::forward(kind, float(v[i])));
+  for (int i = 0; i < N; ++i) out[i] = T(act::forward(Kind, float(v[i])));
   return out;
 }
 
@@ -71,7 +71,13 @@ struct CompactRuntimeActivation<cutlass::Array<T, N>> {
   using Arguments = typename RuntimeActivation<T>::Arguments;
 
   CUTLASS_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& v, Arguments const& args) const {
-    if (args.kind > int(Activation::kRelu)) return smooth_activation(v, args.kind);
+    switch (args.kind) {
+      case int(Activation::kGelu): return smooth_activation<int(Activation::kGelu)>(v);
+      case int(Activation::kGeluTanh): return smooth_activation<int(Activation::kGeluTanh)>(v);
+      case int(Activation::kSilu): return smooth_activation<int(Activation::kSilu)>(v);
+      case int(Activation::kSigmoid): return smooth_activation<int(Activation::kSigmoid)>(v);
+      default: break;
+    }
     // x < floor is false for NaN, which ReLU keeps (as torch.relu does); nothing is below -inf.
     const T floor = args.kind == int(Activation::kRelu) ? T(0.f) : T(-INFINITY);
     cutlass::Array<T, N> out;
