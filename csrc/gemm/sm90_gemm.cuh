@@ -3,7 +3,8 @@
 //   D = act(Z), Z = alpha * A B + bias           (aux epilogue: Z is stored too, for the backward)
 //   D = act(alpha * A B + beta * C + bias)       (source epilogue: accumulate into C, e.g. a LoRA
 //                                                 term or an in-place weight update, C may be D)
-// The activation is a run-time parameter (RuntimeActivation); bias may be null.
+// The activation is a run-time parameter (CompactRuntimeActivation: none and ReLU inline, each smooth
+// activation out of line); bias may be null.
 // An extended-K bundle adds a second operand pair to the product, D = act(alpha * (A B + A2 B2)
 // + bias) (gemm/sm90_extk.cuh), for LoRA's rank-r term.
 // A K-slices bundle writes fp32 partial products, D[l] = alpha * A[l] B[l] with the batch index l
@@ -88,13 +89,13 @@ struct GemmBundle {
       kTransposed,
       cute::conditional_t<
           kAux,
-          cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
+          cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, CompactRuntimeActivation, Element, float,
                                                                  Element, Element, Element>,
           cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<CompactRuntimeActivation, Element, float, Element,
                                                               Element>>,
       cute::conditional_t<
           kAux,
-          cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, RuntimeActivation, Element, float,
+          cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, CompactRuntimeActivation, Element, float,
                                                                  Element, Element, Element>,
           cutlass::epilogue::fusion::LinCombPerColBiasEltAct<CompactRuntimeActivation, ElementD, float, Element,
                                                               ElementD>>>;
