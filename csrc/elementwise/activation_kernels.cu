@@ -21,12 +21,10 @@ int threads_x(int64_t cols, int vec) { return column_threads(ceil_div(cols, vec)
 
 // Block (tx, ty) with tx * ty = kThreads: tx threads across columns, ty across rows. Each thread
 // adds its rows' dZ into fp32 sums; the block adds its ty rows of sums in a fixed order
-// (add_thread_rows).
+// (block_column_totals).
 template <class T, int kVec, int kKind>
 __global__ void __launch_bounds__(kThreads)
 act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
-  __shared__ float sums[kThreads * kVec];
-  __shared__ float scratch[kThreads];
   const int tx = blockDim.x, ty = blockDim.y;
   const int64_t col0 = (int64_t(blockIdx.x) * tx + threadIdx.x) * kVec;
   const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
@@ -63,10 +61,7 @@ act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
   if (p.grad_bias == nullptr) return;
 
   const int width = tx * kVec;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) sums[threadIdx.y * width + threadIdx.x * kVec + i] = acc[i];
-  __syncthreads();
-  const float total = add_thread_rows<kThreads>(sums, scratch, width, ty);
+  const float total = block_column_totals<kThreads, kVec>(acc);
   const int t = threadIdx.y * tx + threadIdx.x;
   const int64_t col = int64_t(blockIdx.x) * width + t;
   if (t >= width || col >= p.cols) return;

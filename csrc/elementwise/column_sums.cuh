@@ -37,4 +37,18 @@ __device__ __forceinline__ float add_thread_rows(const float* sums, float* scrat
   return t < width ? scratch[t] : 0.f;
 }
 
+// The block's column totals: each thread's kVec column sums (threadIdx.x * kVec + i, its rows
+// threadIdx.y) go to shared memory, then add_thread_rows adds the blockDim.y thread rows. Thread
+// t < blockDim.x * kVec returns column t's total. Every thread of the block must call it.
+template <int kThreads, int kVec>
+__device__ __forceinline__ float block_column_totals(const float (&acc)[kVec]) {
+  __shared__ float sums[kThreads * kVec];
+  __shared__ float scratch[kThreads];
+  const int width = blockDim.x * kVec;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) sums[threadIdx.y * width + threadIdx.x * kVec + i] = acc[i];
+  __syncthreads();
+  return add_thread_rows<kThreads>(sums, scratch, width, blockDim.y);
+}
+
 }  // namespace cutlass_ext

@@ -119,8 +119,6 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
 template <class T, int kVec>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(SumParams p, int64_t col_blocks,
                                                                           int64_t rows_per_split) {
-  __shared__ float sums[kThreads * kVec];
-  __shared__ float scratch[kThreads];
   const int tx = blockDim.x, ty = blockDim.y;
   const int64_t o = blockIdx.x / col_blocks;
   const int64_t col0 = (blockIdx.x % col_blocks) * tx * kVec;
@@ -153,10 +151,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
     }
   }
   const int width = tx * kVec;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) sums[threadIdx.y * width + threadIdx.x * kVec + i] = acc[i];
-  __syncthreads();
-  const float total = add_thread_rows<kThreads>(sums, scratch, width, ty);
+  const float total = block_column_totals<kThreads, kVec>(acc);
   const int t = threadIdx.y * tx + threadIdx.x;
   if (t >= width || col0 + t >= p.inner) return;
   if (p.splits == 1) {
