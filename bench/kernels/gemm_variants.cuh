@@ -13,7 +13,9 @@ namespace cutlass_ext::kernel_bench {
 using Element = cutlass::bfloat16_t;
 
 enum EpilogueKind {
-  kRuntimeActivation = 0,  // the library's: bias, activation chosen at run time
+  kRuntimeActivation = 0,  // bias, activation chosen at run time, every kind inline (RuntimeActivation:
+                           // the library's sm90 epilogue before CompactRuntimeActivation; the library_*
+                           // variants build the library's own bundle)
   kPlain = 1,              // alpha * acc only (no bias, no activation)
   kReluFixed = 2,          // bias, ReLU fixed at compile time
   kGeluFixed = 3,          // bias, GELU (erf) fixed at compile time
