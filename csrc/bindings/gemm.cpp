@@ -30,6 +30,7 @@
 #include "common/activation.h"
 #include "elementwise/reduce_kernels.h"
 #include "elementwise/activation_kernels.h"
+#include "elementwise/few_column_backward_kernels.h"
 #include "gemm/gemm_params.h"
 
 namespace cutlass_ext {
@@ -800,8 +801,68 @@ std::tuple<at::Tensor, at::Tensor> linear_cuda(const at::Tensor& a, const at::Te
   return {y, z};
 }
 
+// The backward of a layer with few output columns as one pass over A (few_column_backward_kernels.h):
+// grad2 [rows, N], a2 [rows, K], b [K, N]; dB comes back in B's layout, dA as [rows, K].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> few_column_linear_backward(
+    const at::Tensor& grad2, const at::Tensor& a2, const at::Tensor& b, const c10::optional<at::Tensor>& saved2,
+    int64_t activation, bool need_grad_a, bool need_grad_b, bool need_grad_bias, bool grad_b_transposed) {
+  const char* op = "_linear_backward";
+  const int64_t rows = grad2.size(0), K = b.size(0), N = b.size(1);
+  const DType dt = dtype_of(grad2, op, "grad");
+  CE_CHECK(a2.scalar_type() == grad2.scalar_type() && b.scalar_type() == grad2.scalar_type(), op,
+           ": grad, A and B must have one dtype");
+  const c10::DeviceGuard guard(grad2.device());
+  const at::TensorOptions options = grad2.options();
+  FewColumnBackwardParams p;
+  p.rows = rows;
+  p.k = K;
+  p.n = int(N);
+  p.dtype = dt;
+  p.activation = int(activation);
+  p.grad = grad2.data_ptr();
+  p.grad_stride_r = grad2.stride(0);
+  p.grad_stride_n = grad2.stride(1);
+  if (activation != int64_t(Activation::kNone)) {
+    CE_CHECK(saved2.has_value() && saved2->sizes() == grad2.sizes() && saved2->scalar_type() == grad2.scalar_type(),
+             op, ": saved must match grad's shape and dtype");
+    p.saved = saved2->data_ptr();
+    p.saved_stride_r = saved2->stride(0);
+    p.saved_stride_n = saved2->stride(1);
+  }
+  at::Tensor grad_a, grad_b, grad_bias;
+  if (need_grad_a) {
+    grad_a = new_output({rows, K}, options);
+    p.grad_x = grad_a.data_ptr();
+    p.w = b.data_ptr();
+    p.w_stride_n = b.stride(1);
+    p.w_stride_k = b.stride(0);
+  }
+  if (need_grad_b) {
+    grad_b = grad_b_transposed ? new_output({N, K}, options).t() : new_output({K, N}, options);
+    p.grad_w = grad_b.data_ptr();
+    p.grad_w_stride_n = grad_b.stride(1);
+    p.grad_w_stride_k = grad_b.stride(0);
+    p.x = a2.data_ptr();
+    p.x_stride_r = a2.stride(0);
+    p.x_stride_k = a2.stride(1);
+  }
+  if (need_grad_bias) {
+    grad_bias = new_output({N}, options);
+    p.grad_bias = grad_bias.data_ptr();
+  }
+  plan_few_column_backward(p, sm_count(grad2.device().index()));
+  at::Tensor partials;
+  if (p.splits > 1 && (need_grad_b || need_grad_bias)) {
+    partials = at::empty({int64_t(p.splits), N * K + N}, options.dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
+  check_launch(few_column_backward(p, current_stream(grad2.device())), op, "few_column_backward");
+  return {grad_a, grad_b, grad_bias};
+}
+
 // The whole backward of linear in one call: the fused act'/bias-gradient pass, then dA = dZ B^T
-// and dB = A^T dZ, each only when needed (empty tensors otherwise).
+// and dB = A^T dZ, each only when needed (empty tensors otherwise). A layer with few output
+// columns takes one fused pass for all of them instead (unless a GEMM config is forced).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(
     const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& saved,
     c10::string_view activation_name, bool need_grad_a, bool need_grad_b, bool need_grad_bias,
@@ -809,6 +870,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(
   const int64_t activation = activation_code(activation_name, "_linear_backward");
   const int64_t K = b.size(0), N = b.size(1);
   const at::Tensor grad2 = grad.reshape({-1, N});
+  const GemmOptions opts = gemm_options();
+  if (few_column_backward_serves(grad2.size(0), K, N) && K >= 1 && grad2.size(0) >= 1 &&
+      (need_grad_a || need_grad_b) && opts.config.empty()) {
+    c10::optional<at::Tensor> saved2;
+    if (saved.has_value()) saved2 = saved->reshape({-1, N});
+    auto [grad_a, grad_b, grad_bias] =
+        few_column_linear_backward(grad2, a.reshape({-1, K}), b, saved2, activation, need_grad_a, need_grad_b,
+                                   need_grad_bias, grad_b_transposed);
+    if (grad_a.defined()) grad_a = grad_a.view(a.sizes());
+    return {or_empty(grad_a, grad.options()), or_empty(grad_b, grad.options()), or_empty(grad_bias, grad.options())};
+  }
   at::Tensor grad_z = grad2;
   at::Tensor grad_bias;
   if (activation != int64_t(Activation::kNone) || need_grad_bias) {
@@ -818,7 +890,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cuda(
     if (activation != int64_t(Activation::kNone)) grad_z = dz;
     grad_bias = db;
   }
-  const GemmOptions opts = gemm_options();
   auto mm = [&](const at::Tensor& x, const at::Tensor& y) {
     return std::get<0>(gemm_op(x, y, c10::nullopt, 0, false, opts));
   };

@@ -195,9 +195,10 @@ def backward_work(device, run, monkeypatch):
 @pytest.mark.parametrize("act", ["none", "gelu"])
 def test_backward_computes_only_needed_grads(device, act, needs, monkeypatch):
     wanted = needs.split("+")
+    # 24 output columns: above the few-column backward's 16 (test_few_column_backward_* below)
     A = rand(40, 24, device=device, dtype=torch.bfloat16).requires_grad_("a" in wanted)
-    B = make_b(24, 16, "weight_t", device, torch.bfloat16).detach().requires_grad_("b" in wanted)
-    bias = rand(16, device=device, dtype=torch.bfloat16).requires_grad_("bias" in wanted)
+    B = make_b(24, 24, "weight_t", device, torch.bfloat16).detach().requires_grad_("b" in wanted)
+    bias = rand(24, device=device, dtype=torch.bfloat16).requires_grad_("bias" in wanted)
     out = cutlass_ext.linear(A, B, bias, activation=act)
     grad = torch.ones_like(out)
     gemms, act_grads, others = backward_work(device, lambda: out.backward(grad), monkeypatch)
@@ -207,6 +208,141 @@ def test_backward_computes_only_needed_grads(device, act, needs, monkeypatch):
     assert others == [], others  # no separate activation-backward, bias-sum or copy kernels
     assert (A.grad is not None) == A.requires_grad and (B.grad is not None) == B.requires_grad
     assert (bias.grad is not None) == bias.requires_grad
+
+
+FEW_COLUMN_KERNELS = ("few_column_backward_kernel", "few_column_backward_finish_kernel")
+
+
+def few_column_layer(rows, k, n, dtype, x_layout="plain", b_layout="weight_t"):
+    """X [rows, k] (plain, a column slice of a wider tensor, one element off 16-byte alignment, or
+    the transpose of a [k, rows] tensor), B [k, n] and a bias, as leaves."""
+    if x_layout == "slice":
+        x = rand(rows, k + 24, device="cuda", dtype=dtype)[:, 8:8 + k]
+    elif x_layout == "offset":
+        x = rand(rows * k + 1, device="cuda", dtype=dtype)[1:].view(rows, k)
+    elif x_layout == "transposed":
+        x = rand(k, rows, device="cuda", dtype=dtype).t()
+    else:
+        x = rand(rows, k, device="cuda", dtype=dtype)
+    B = make_b(k, n, b_layout, "cuda", dtype)
+    if b_layout == "weight_t":
+        B = B.t().detach().clone().t()
+    bias = rand(n, device="cuda", dtype=dtype)
+    return [t.detach().requires_grad_() for t in (x, B, bias)]
+
+
+def check_few_column_backward(rows, k, n, dtype_name, act, x_layout="plain", b_layout="weight_t"):
+    dtype = DTYPES[dtype_name]
+    x, B, bias = few_column_layer(rows, k, n, dtype, x_layout, b_layout)
+    dy = rand(rows, n, device="cuda", dtype=dtype)
+    with fp32_precision(dtype_name):
+        y = cutlass_ext.linear(x, B, bias, activation=act)
+        _, names = cuda_kernels_run(lambda: y.backward(dy))
+        # One pass (and the splits' sum), no GEMM and no separate act'/bias pass. (A leaf X with
+        # other strides than dX's gets a copy from autograd, as with any other op.)
+        assert sum(FEW_COLUMN_KERNELS[0] in name for name in names) == 1, names
+        assert not any(k in name for name in names for k in ("Gemm", "gemm", "act_grad", "sum_partials")), names
+        _, peer = grads_of(lambda a, b, c: peer_linear(a, b, c, act), [x, B, bias], dy)
+    _, ref = grads_of(lambda a, b, c: ref_linear(a, b, c, act), [x.double(), B.double(), bias.double()], dy.double())
+    for name, o, p, r in zip(("dX", "dW", "dbias"), (x.grad, B.grad, bias.grad), peer, ref):
+        assert o.dtype == dtype
+        assert_close_to_reference(o, r, p, dtype_name, what=name)
+    # dW in B's layout (the strides of size-1 dimensions address nothing)
+    assert all(a == b for a, b, size in zip(B.grad.stride(), B.stride(), B.shape) if size > 1), (B.grad.stride(), B.stride())
+
+
+@requires_cuda
+@pytest.mark.parametrize("rows,k,n", [
+    (2048, 256, 1), (777, 256, 1), (65536, 256, 1), (5000, 64, 4), (333, 13, 3), (1, 40, 2), (2048, 1024, 4),
+    (20000, 24, 2), (96, 1, 3), (40, 4096, 1), (5000, 64, 16), (16384, 64, 16), (20000, 24, 8), (300, 1024, 5),
+    (96, 3, 16),
+])
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16", "fp32"])
+def test_few_column_backward(rows, k, n, dtype_name):
+    # Layers with up to 4 output columns, or up to 16 over up to 2^20 elements of X: the whole
+    # backward in one pass over X (and a second kernel adding the row splits' dW and dbias), no GEMM.
+    check_few_column_backward(rows, k, n, dtype_name, "gelu")
+
+
+@requires_cuda
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("b_layout", ["kn", "weight_t"])
+def test_few_column_backward_activations(act, b_layout):
+    check_few_column_backward(3000, 128, 4, "bf16", act, b_layout=b_layout)
+
+
+@requires_cuda
+@pytest.mark.parametrize("x_layout", ["slice", "offset", "transposed"])
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_few_column_backward_reads_views_in_place(x_layout, n):
+    # Strided, misaligned and K-strided X take the one-element path; no copy kernel runs.
+    check_few_column_backward(1500, 72, n, "bf16", "relu", x_layout=x_layout)
+
+
+@requires_cuda
+@pytest.mark.parametrize("rows,k,n", [(2048, 2048, 16), (16385, 64, 16), (512, 64, 24)])
+def test_wider_layers_keep_the_gemm_backward(rows, k, n):
+    x, B, bias = few_column_layer(rows, k, n, torch.bfloat16)
+    y = cutlass_ext.linear(x, B, bias, activation="gelu")
+    _, names = cuda_kernels_run(lambda: y.backward(torch.ones_like(y)))
+    assert not any(FEW_COLUMN_KERNELS[0] in name for name in names), names
+    assert any("act_grad" in name for name in names), names
+
+
+@requires_cuda
+@pytest.mark.parametrize("needs", ["a", "b", "a+bias", "b+bias"])
+def test_few_column_backward_computes_only_needed_grads(needs):
+    wanted = needs.split("+")
+    x, B, bias = few_column_layer(3000, 256, 1, torch.bfloat16)
+    x.requires_grad_("a" in wanted)
+    B.requires_grad_("b" in wanted)
+    bias.requires_grad_("bias" in wanted)
+    dy = rand(3000, 1, device="cuda", dtype=torch.bfloat16)
+    y = cutlass_ext.linear(x, B, bias, activation="silu")
+    _, names = cuda_kernels_run(lambda: y.backward(dy))
+    # The second stage runs only for dW or dbias.
+    assert sum(FEW_COLUMN_KERNELS[0] in name for name in names) == 1, names
+    assert len(names) == 1 + ("b" in wanted or "bias" in wanted), names
+    ref = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, B, bias)]
+    F.silu(ref[0] @ ref[1] + ref[2]).backward(dy.double())
+    for ours, r in zip((x, B, bias), ref):
+        assert (ours.grad is not None) == ours.requires_grad
+        if ours.requires_grad:
+            assert_close_to_reference(ours.grad, r.grad, None, "bf16")
+
+
+@requires_cuda
+def test_few_column_backward_is_deterministic_and_graph_safe():
+    x, B, _ = few_column_layer(40000, 256, 2, torch.bfloat16)
+    dy = rand(40000, 2, device="cuda", dtype=torch.bfloat16)
+    z = rand(40000, 2, device="cuda", dtype=torch.bfloat16)
+
+    def backward():
+        return torch.ops.cutlass_ext._linear_backward(dy, x.detach(), B.detach(), z, "gelu", True, True, True, True)
+
+    first = backward()
+    graph, captured = capture_cuda_graph(backward)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b, c in zip(first, backward(), captured):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@requires_cuda
+def test_few_column_backward_direct_op_checks_and_strides():
+    # The backward op called with a non-contiguous dY and pre-activation (columns of wider tensors).
+    x, B, _ = few_column_layer(700, 48, 3, torch.float16, b_layout="kn")
+    dy = rand(700, 9, device="cuda", dtype=torch.float16)[:, ::3]
+    z = rand(700, 6, device="cuda", dtype=torch.float16)[:, 1::2]
+    ga, gb, gbias = torch.ops.cutlass_ext._linear_backward(dy, x.detach(), B.detach(), z, "gelu_tanh",
+                                                           True, True, True, False)
+    ra, rb, rbias = linear_ops._linear_backward_reference(dy.double(), x.detach().double(), B.detach().double(),
+                                                          z.double(), "gelu_tanh", True, True, True, False)
+    for o, r, what in ((ga, ra, "dX"), (gb, rb, "dW"), (gbias, rbias, "dbias")):
+        assert_close_to_reference(o, r, None, "fp16", what=what)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        torch.ops.cutlass_ext._linear_backward(dy, x.detach().float(), B.detach(), z, "gelu_tanh",
+                                               True, True, True, False)
 
 
 def test_backward_without_saved_preactivation_fails_clearly(device):
@@ -877,9 +1013,9 @@ def test_stream_k_decomposition_is_correct_and_deterministic(dtype_name, layout,
 @requires_cuda
 @requires_sm90_path
 @pytest.mark.parametrize("dtype_name,rows,fin,fout,sliced", [
-    ("bf16", 65536, 64, 16, True), ("fp16", 32768, 256, 64, True), ("bf16", 8200, 64, 16, True),
-    ("bf16", 8248, 64, 16, False),  # 8248 = 8 x 1031: no equal 8-aligned slices, CUTLASS's split-K
-    ("bf16", 8192, 256, 1, True),   # a one-column layer: its dZ^T is a one-row (K-major) A
+    # (Layers of up to 16 output columns over up to 2^20 elements take the few-column backward.)
+    ("bf16", 65536, 64, 32, True), ("fp16", 32768, 256, 64, True), ("bf16", 8200, 64, 32, True),
+    ("bf16", 8248, 64, 32, False),  # 8248 = 8 x 1031: no equal 8-aligned slices, CUTLASS's split-K
     # A 13-wide input (not a multiple of 8 elements) is copied padded and N-major, which keeps K slices.
     ("bf16", 8192, 13, 512, True), ("fp16", 2048, 13, 64, True),
 ])
@@ -900,6 +1036,17 @@ def test_weight_gradient_over_many_rows_runs_as_k_slices(dtype_name, rows, fin, 
     ref = dy.double().t() @ x.double()
     assert_close_to_reference(dW, ref, dy.t() @ x, dtype_name, what="dW")
     assert torch.equal(backward(), dW)  # the slices are added in a fixed order
+
+
+@requires_cuda
+@requires_sm90_path
+def test_one_row_product_over_many_rows_runs_as_k_slices():
+    # dZ^T X of a one-column layer as a product: a one-row (K-major) A over 8192 rows.
+    dz = rand(8192, 1, device="cuda", dtype=torch.bfloat16)
+    x = rand(8192, 256, device="cuda", dtype=torch.bfloat16)
+    out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(dz.t(), x))
+    assert any("sum_partials" in n for n in names), names
+    assert_close_to_reference(out, dz.double().t() @ x.double(), dz.t() @ x, "bf16")
 
 
 @requires_cuda
@@ -1179,8 +1326,8 @@ def test_gemv_kernel_batched(dtype_name, shared_b):
 
 @requires_cuda
 def test_gemv_kernel_gradients():
-    # A 256 -> 1 layer in training: the forward on the few-column kernel, the backward's GEMMs
-    # on the others; gradients against float64.
+    # A 256 -> 1 layer in training: the forward on the few-column kernel, the backward in the
+    # few-column backward's one pass; gradients against float64.
     A = rand(777, 256, device="cuda", dtype=torch.bfloat16).requires_grad_()
     W = rand(1, 256, device="cuda", dtype=torch.bfloat16, scale=1 / 16).requires_grad_()
     bias = rand(1, device="cuda", dtype=torch.bfloat16).requires_grad_()
