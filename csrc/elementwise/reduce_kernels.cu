@@ -203,13 +203,11 @@ struct PartialsParams {
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsParams p, int64_t col_blocks) {
-  __shared__ float sums[kThreads * 4];
-  __shared__ float scratch[kThreads];
   const int q = blockDim.x, lanes = blockDim.y;
   const int64_t o = blockIdx.x / col_blocks;
   const int64_t col0 = (blockIdx.x % col_blocks) * q * 4;
   const int64_t col = col0 + threadIdx.x * 4;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (col < p.inner) {
     const float* src = p.partials + o * p.splits * p.inner + col;
     int s = threadIdx.y;
@@ -219,19 +217,16 @@ __global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsPara
       for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(src + int64_t(s + u * lanes) * p.inner);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        acc.x += v[u].x; acc.y += v[u].y; acc.z += v[u].z; acc.w += v[u].w;
+        acc[0] += v[u].x; acc[1] += v[u].y; acc[2] += v[u].z; acc[3] += v[u].w;
       }
     }
     for (; s < p.splits; s += lanes) {
       const float4 v = *reinterpret_cast<const float4*>(src + int64_t(s) * p.inner);
-      acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+      acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
     }
   }
   const int width = q * 4;
-  float* row = sums + threadIdx.y * width + threadIdx.x * 4;
-  row[0] = acc.x; row[1] = acc.y; row[2] = acc.z; row[3] = acc.w;
-  __syncthreads();
-  const float total = add_thread_rows<kThreads>(sums, scratch, width, lanes);
+  const float total = block_column_totals<kThreads, 4>(acc);
   const int t = threadIdx.y * q + threadIdx.x;
   if (t < width && col0 + t < p.inner) static_cast<T*>(p.out)[o * p.inner + col0 + t] = T(total);
 }
