@@ -811,6 +811,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> few_column_linear_backward(
   const DType dt = dtype_of(grad2, op, "grad");
   CE_CHECK(a2.scalar_type() == grad2.scalar_type() && b.scalar_type() == grad2.scalar_type(), op,
            ": grad, A and B must have one dtype");
+  CE_CHECK(a2.device() == grad2.device() && b.device() == grad2.device(), op,
+           ": grad, A and B must be on one device");
+  CE_CHECK(a2.size(0) == rows, op, ": A has ", a2.size(0), " rows where grad has ", rows);
   const c10::DeviceGuard guard(grad2.device());
   const at::TensorOptions options = grad2.options();
   FewColumnBackwardParams p;
@@ -823,8 +826,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> few_column_linear_backward(
   p.grad_stride_r = grad2.stride(0);
   p.grad_stride_n = grad2.stride(1);
   if (activation != int64_t(Activation::kNone)) {
-    CE_CHECK(saved2.has_value() && saved2->sizes() == grad2.sizes() && saved2->scalar_type() == grad2.scalar_type(),
-             op, ": saved must match grad's shape and dtype");
+    CE_CHECK(saved2.has_value() && saved2->sizes() == grad2.sizes() && saved2->scalar_type() == grad2.scalar_type() &&
+                 saved2->device() == grad2.device(),
+             op, ": saved must match grad's shape, dtype and device");
     p.saved = saved2->data_ptr();
     p.saved_stride_r = saved2->stride(0);
     p.saved_stride_n = saved2->stride(1);

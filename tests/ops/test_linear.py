@@ -343,6 +343,17 @@ def test_few_column_backward_direct_op_checks_and_strides():
     with pytest.raises(RuntimeError, match="one dtype"):
         torch.ops.cutlass_ext._linear_backward(dy, x.detach().float(), B.detach(), z, "gelu_tanh",
                                                True, True, True, False)
+    with pytest.raises(RuntimeError, match="rows where grad has"):
+        torch.ops.cutlass_ext._linear_backward(dy, x.detach()[:699], B.detach(), z, "gelu_tanh",
+                                               True, True, True, False)
+    # An expanded dY (the gradient of y.sum()) is read through its zero strides.
+    ones = torch.ones(1, 1, device="cuda", dtype=torch.float16).expand(700, 3)
+    ga, gb, gbias = torch.ops.cutlass_ext._linear_backward(ones, x.detach(), B.detach(), z, "gelu_tanh",
+                                                           True, True, True, False)
+    ra, rb, rbias = linear_ops._linear_backward_reference(ones.double(), x.detach().double(), B.detach().double(),
+                                                          z.double(), "gelu_tanh", True, True, True, False)
+    for o, r, what in ((ga, ra, "dX"), (gb, rb, "dW"), (gbias, rbias, "dbias")):
+        assert_close_to_reference(o, r, None, "fp16", what=what)
 
 
 def test_backward_without_saved_preactivation_fails_clearly(device):
