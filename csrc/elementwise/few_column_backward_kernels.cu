@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/activation.h"
 #include "common/device_utils.cuh"

@@ -7,9 +7,9 @@
 // The GEMM path runs this as four or five kernels (act'/bias sum, a K = N product for dX that
 // writes X's size, a K-sliced product for dW that reads X, and their reductions), each a short
 // launch on these shapes. Here one pass reads X once and writes dX once: a block walks a range of
-// rows of one column chunk; each thread computes its rows' dZ, its dX columns from W (held in
-// registers) and its fp32 dW sums. dW and dbias are deterministic: the blocks' sums are added in
-// a fixed tree, the row splits by a second kernel in a fixed order.
+// rows of one column chunk, computes their dZ once into shared memory, and each thread forms its
+// dX columns from W (held in registers) and keeps fp32 dW sums. dW and dbias are deterministic:
+// the blocks' sums are added in a fixed tree, the row splits by a second kernel in a fixed order.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +24,9 @@ constexpr int kFewColumnBackwardMaxN = 16;
 
 // Whether the one-pass backward serves a layer of n output columns over k inputs and `rows` rows:
 // up to 4 columns always; 5-16 columns on up to 2^20 elements of X, where the GEMM path's
-// launches dominate. Above that, 16 dZ values a row make the pass instruction-bound (measured on
-// an H200, bf16: 1.1-1.3x the GEMM path's speed at 2048-8192 x 64 -> 16 and 2048 x 256 -> 16,
-// 0.93x at 65536 x 64 -> 16, 0.61x at 32768 x 256 -> 16).
+// launches dominate. Above that the pass fell behind the GEMM path (measured on an H200, bf16:
+// 1.1-1.3x its speed at 2048-8192 x 64 -> 16 and 2048 x 256 -> 16, 0.93x at 65536 x 64 -> 16,
+// 0.61x at 32768 x 256 -> 16).
 inline bool few_column_backward_serves(int64_t rows, int64_t k, int64_t n) {
   return n >= 1 && (n <= 4 || (n <= kFewColumnBackwardMaxN && rows * k <= (int64_t(1) << 20)));
 }
