@@ -330,30 +330,26 @@ def test_few_column_backward_is_deterministic_and_graph_safe():
 
 @requires_cuda
 def test_few_column_backward_direct_op_checks_and_strides():
-    # The backward op called with a non-contiguous dY and pre-activation (columns of wider tensors).
     x, B, _ = few_column_layer(700, 48, 3, torch.float16, b_layout="kn")
-    dy = rand(700, 9, device="cuda", dtype=torch.float16)[:, ::3]
+    x, B = x.detach(), B.detach()
     z = rand(700, 6, device="cuda", dtype=torch.float16)[:, 1::2]
-    ga, gb, gbias = torch.ops.cutlass_ext._linear_backward(dy, x.detach(), B.detach(), z, "gelu_tanh",
-                                                           True, True, True, False)
-    ra, rb, rbias = linear_ops._linear_backward_reference(dy.double(), x.detach().double(), B.detach().double(),
-                                                          z.double(), "gelu_tanh", True, True, True, False)
-    for o, r, what in ((ga, ra, "dX"), (gb, rb, "dW"), (gbias, rbias, "dbias")):
-        assert_close_to_reference(o, r, None, "fp16", what=what)
-    with pytest.raises(RuntimeError, match="one dtype"):
-        torch.ops.cutlass_ext._linear_backward(dy, x.detach().float(), B.detach(), z, "gelu_tanh",
-                                               True, True, True, False)
-    with pytest.raises(RuntimeError, match="rows where grad has"):
-        torch.ops.cutlass_ext._linear_backward(dy, x.detach()[:699], B.detach(), z, "gelu_tanh",
-                                               True, True, True, False)
+
+    def check(dy):
+        ours = torch.ops.cutlass_ext._linear_backward(dy, x, B, z, "gelu_tanh", True, True, True, False)
+        ref = linear_ops._linear_backward_reference(dy.double(), x.double(), B.double(), z.double(), "gelu_tanh",
+                                                    True, True, True, False)
+        for o, r, what in zip(ours, ref, ("dX", "dW", "dbias")):
+            assert_close_to_reference(o, r, None, "fp16", what=what)
+
+    # A non-contiguous dY and pre-activation (columns of wider tensors).
+    dy = rand(700, 9, device="cuda", dtype=torch.float16)[:, ::3]
+    check(dy)
     # An expanded dY (the gradient of y.sum()) is read through its zero strides.
-    ones = torch.ones(1, 1, device="cuda", dtype=torch.float16).expand(700, 3)
-    ga, gb, gbias = torch.ops.cutlass_ext._linear_backward(ones, x.detach(), B.detach(), z, "gelu_tanh",
-                                                           True, True, True, False)
-    ra, rb, rbias = linear_ops._linear_backward_reference(ones.double(), x.detach().double(), B.detach().double(),
-                                                          z.double(), "gelu_tanh", True, True, True, False)
-    for o, r, what in ((ga, ra, "dX"), (gb, rb, "dW"), (gbias, rbias, "dbias")):
-        assert_close_to_reference(o, r, None, "fp16", what=what)
+    check(torch.ones(1, 1, device="cuda", dtype=torch.float16).expand(700, 3))
+    with pytest.raises(RuntimeError, match="one dtype"):
+        torch.ops.cutlass_ext._linear_backward(dy, x.float(), B, z, "gelu_tanh", True, True, True, False)
+    with pytest.raises(RuntimeError, match="rows where grad has"):
+        torch.ops.cutlass_ext._linear_backward(dy, x[:699], B, z, "gelu_tanh", True, True, True, False)
 
 
 def test_backward_without_saved_preactivation_fails_clearly(device):
