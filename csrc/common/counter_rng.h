@@ -7,11 +7,16 @@
 //             (a 32-bit bijection with full avalanche; both multipliers < 2**31, so the Python twin
 //             can evaluate it in int64 without overflow)
 //   key:      k0 = mix(lo(seed) ^ 0x9e3779b9),  k1 = mix(hi(seed) ^ k0 ^ 0x7f4a7c15)
-//   bits(i) = mix(mix(lo(i) ^ k0) + mix(hi(i) ^ k1))            (i: the 64-bit element index)
-//   uniform(seed, i) = bits(i) * 2**-32 in [0, 1)
-//   dropout keeps element i iff uniform >= p, i.e. iff bits(i) >= keep_threshold(p) = ceil(p * 2**32)
-//   (an integer compare, so every implementation agrees bit for bit; p = 1 keeps nothing).
+//   bits(n) = mix(mix(lo(n) ^ k0) + mix(hi(n) ^ k1))       (n: a 64-bit counter)
+//   draw(i) = 16 bits of bits(i >> 1): the low half for even i, the high half for odd i
+//             (element i's draw; one 32-bit hash serves two neighbouring elements)
+//   dropout keeps element i iff draw(i) >= keep_threshold(p) = ceil(p * 2**16), an integer
+//   compare, so every implementation agrees bit for bit; p = 1 gives 2**16 and keeps nothing.
+//   The keep probability is 1 - ceil(p * 2**16) / 2**16: p rounded up to a multiple of 2**-16.
 // cutlass_ext/ops/_rng.py is the bit-exact Python twin; a test compares the two.
+//
+// Kernels compare in the high half of a word: draw(i) >= t iff (draw(i) << 16) >= compare_threshold(t),
+// where the high-half value of an odd element is bits & 0xffff0000 and of an even one bits << 16.
 #pragma once
 
 #include <cmath>
@@ -30,9 +35,8 @@ CE_HOST_DEVICE uint32_t rng_mix32(uint32_t x) {
   return x;
 }
 
-// The generator of one seed. `bits(index)` is the raw 32-bit draw of element `index`; kernels that
-// walk a row whose indices share their high 32 bits can hoist `high_key` out of the loop and call
-// `bits_low`.
+// The generator of one seed. `bits(n)` is the raw 32-bit hash of counter n; kernels that hash
+// counters sharing their high 32 bits can hoist `high_key` out of the loop and call `bits_low`.
 struct CounterRng {
   uint32_t k0, k1;
 
@@ -40,32 +44,53 @@ struct CounterRng {
       : k0(rng_mix32(uint32_t(seed) ^ 0x9e3779b9u)),
         k1(rng_mix32(uint32_t(seed >> 32) ^ k0 ^ 0x7f4a7c15u)) {}
 
-  CE_HOST_DEVICE uint32_t high_key(uint32_t index_hi) const { return rng_mix32(index_hi ^ k1); }
-  CE_HOST_DEVICE uint32_t bits_low(uint32_t index_lo, uint32_t high) const {
-    return rng_mix32(rng_mix32(index_lo ^ k0) + high);
+  CE_HOST_DEVICE uint32_t high_key(uint32_t counter_hi) const { return rng_mix32(counter_hi ^ k1); }
+  CE_HOST_DEVICE uint32_t bits_low(uint32_t counter_lo, uint32_t high) const {
+    return rng_mix32(rng_mix32(counter_lo ^ k0) + high);
   }
-  CE_HOST_DEVICE uint32_t bits(uint64_t index) const {
-    return bits_low(uint32_t(index), high_key(uint32_t(index >> 32)));
+  CE_HOST_DEVICE uint32_t bits(uint64_t counter) const {
+    return bits_low(uint32_t(counter), high_key(uint32_t(counter >> 32)));
   }
-  CE_HOST_DEVICE float uniform(uint64_t index) const { return float(bits(index)) * 2.3283064365386963e-10f; }
+  // Element i's 16-bit draw.
+  CE_HOST_DEVICE uint32_t draw(uint64_t index) const {
+    return (bits(index >> 1) >> ((index & 1) * 16)) & 0xffffu;
+  }
 };
 
-// ceil(p * 2**32) for p in [0, 1]: dropout keeps an element iff its bits are >= this.
-CE_HOST_DEVICE uint64_t dropout_keep_threshold(double p) {
+// ceil(p * 2**16) for p in [0, 1]: dropout keeps an element iff its draw is >= this.
+CE_HOST_DEVICE uint32_t dropout_keep_threshold(double p) {
   if (!(p > 0.0)) return 0;
-  if (p >= 1.0) return uint64_t(1) << 32;
-  return uint64_t(std::ceil(p * 4294967296.0));
+  if (p >= 1.0) return 1u << 16;
+  return uint32_t(std::ceil(p * 65536.0));
 }
+
+// The threshold in compare form: draw << 16 >= this iff draw >= t. t = 2**16 maps to a value no
+// shifted draw reaches (their low 16 bits are zero).
+CE_HOST_DEVICE uint32_t dropout_compare_threshold(uint32_t t) { return t >= (1u << 16) ? 0xffff0001u : t << 16; }
 
 // What multiplies a kept element: 1 / (1 - p), and 0 for p = 1 (nothing is kept).
 CE_HOST_DEVICE float dropout_keep_scale(double p) { return p >= 1.0 ? 0.f : float(1.0 / (1.0 - p)); }
 
-// The generic interface: does dropout with this threshold keep element `index` under `seed`?
-CE_HOST_DEVICE bool dropout_keep(CounterRng const& rng, uint64_t index, uint64_t threshold) {
-  return uint64_t(rng.bits(index)) >= threshold;
-}
+// The generic interface: does dropout with threshold t keep element `index` under this generator?
+CE_HOST_DEVICE bool dropout_keep(CounterRng const& rng, uint64_t index, uint32_t t) { return rng.draw(index) >= t; }
 CE_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t index, double p) {
   return dropout_keep(CounterRng(seed), index, dropout_keep_threshold(p));
+}
+
+// Keep flags of kN elements index, index + 1, ... with `cmp` = dropout_compare_threshold(t), from
+// kN / 2 hashes. Precondition: index is a multiple of kN (a power of two), so the pairs share their
+// high 32 counter bits. The vector paths of the kernels number their vectors that way.
+template <int kN>
+CE_HOST_DEVICE void dropout_keep_run(CounterRng const& rng, uint64_t index, uint32_t cmp, bool (&keep)[kN]) {
+  static_assert(kN >= 2 && (kN & (kN - 1)) == 0, "kN must be a power of two >= 2");
+  const uint64_t pair = index >> 1;
+  const uint32_t high = rng.high_key(uint32_t(pair >> 32));
+#pragma unroll
+  for (int j = 0; j < kN / 2; ++j) {
+    const uint32_t h = rng.bits_low(uint32_t(pair) + uint32_t(j), high);
+    keep[2 * j] = (h << 16) >= cmp;
+    keep[2 * j + 1] = (h & 0xffff0000u) >= cmp;
+  }
 }
 
 }  // namespace cutlass_ext

@@ -10,28 +10,28 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Each thread handles kVec adjacent elements per step (one 16-byte access when kVec > 1).
+// Each thread handles kVec adjacent elements per step (one 16-byte access when kVec > 1). Vector
+// steps start at multiples of kVec, so each pair of elements shares one hash.
 template <class T, int kVec>
 __global__ void __launch_bounds__(kThreads)
-dropout_kernel(const T* __restrict__ in, T* out, int64_t numel, const int64_t* seed_ptr, uint32_t threshold_lo,
-               bool drop_all, float scale) {
+dropout_kernel(const T* __restrict__ in, T* out, int64_t numel, const int64_t* seed_ptr, uint32_t cmp, float scale) {
   const CounterRng rng{uint64_t(*seed_ptr)};
-  const uint64_t threshold = drop_all ? (uint64_t(1) << 32) : uint64_t(threshold_lo);
   const int64_t stride = int64_t(gridDim.x) * kThreads * kVec;
   for (int64_t base = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * kVec; base < numel; base += stride) {
-    if (kVec > 1 && base + kVec <= numel) {
-      Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(in + base);
+    if constexpr (kVec > 1) {
+      if (base + kVec <= numel) {
+        Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(in + base);
+        bool keep[kVec];
+        dropout_keep_run<kVec>(rng, uint64_t(base), cmp, keep);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const bool keep = dropout_keep(rng, uint64_t(base + j), threshold);
-        v.v[j] = T(keep ? float(v.v[j]) * scale : 0.f);
+        for (int j = 0; j < kVec; ++j) v.v[j] = T(keep[j] ? float(v.v[j]) * scale : 0.f);
+        *reinterpret_cast<Pack<T, kVec>*>(out + base) = v;
+        continue;
       }
-      *reinterpret_cast<Pack<T, kVec>*>(out + base) = v;
-    } else {
-      for (int64_t i = base; i < min(base + kVec, numel); ++i) {
-        const bool keep = dropout_keep(rng, uint64_t(i), threshold);
-        out[i] = T(keep ? float(in[i]) * scale : 0.f);
-      }
+    }
+    for (int64_t i = base; i < min(base + kVec, numel); ++i) {
+      const bool keep = (rng.draw(uint64_t(i)) << 16) >= cmp;
+      out[i] = T(keep ? float(in[i]) * scale : 0.f);
     }
   }
 }
@@ -39,8 +39,7 @@ dropout_kernel(const T* __restrict__ in, T* out, int64_t numel, const int64_t* s
 template <class T>
 struct DropoutFn {
   void operator()(DropoutTensorParams const& p, cudaStream_t stream) const {
-    const uint64_t threshold = dropout_keep_threshold(p.p);
-    const bool drop_all = threshold >> 32;
+    const uint32_t cmp = dropout_compare_threshold(dropout_keep_threshold(p.p));
     const float scale = dropout_keep_scale(p.p);
     constexpr int kVec = vec_width<T>();
     const bool vector = aligned16(p.input) && aligned16(p.output);
@@ -50,11 +49,9 @@ struct DropoutFn {
     const T* in = static_cast<const T*>(p.input);
     T* out = static_cast<T*>(p.output);
     if (vector) {
-      dropout_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(in, out, p.numel, p.seed, uint32_t(threshold),
-                                                              drop_all, scale);
+      dropout_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(in, out, p.numel, p.seed, cmp, scale);
     } else {
-      dropout_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(in, out, p.numel, p.seed, uint32_t(threshold),
-                                                           drop_all, scale);
+      dropout_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(in, out, p.numel, p.seed, cmp, scale);
     }
   }
 };

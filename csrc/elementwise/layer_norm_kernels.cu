@@ -139,18 +139,18 @@ __device__ __forceinline__ void load_affine(const void* weight, const void* bias
 // Dropout of kVec adjacent elements numbered index, index + 1, ... (in place).
 struct Dropout {
   CounterRng rng;
-  uint64_t threshold;
+  uint32_t cmp;  // dropout_compare_threshold of the keep threshold
   float scale;
   bool on;
 
   // The keys are derived from the seed only when dropout is on (a branch, not a select: the
   // derivation is ~25 instructions per thread, as much as a short row's whole statistics).
   __device__ explicit Dropout(DropoutParams const& d)
-      : rng(0), threshold(d.keep_threshold), scale(d.keep_scale), on(d.seed != nullptr) {
+      : rng(0), cmp(dropout_compare_threshold(d.keep_threshold)), scale(d.keep_scale), on(d.seed != nullptr) {
     if (on) rng = keys(d.seed);
   }
   // Dropout off, known at compile time: apply() is never reached and holds no registers.
-  __device__ Dropout() : rng(0), threshold(0), scale(1.f), on(false) {}
+  __device__ Dropout() : rng(0), cmp(0), scale(1.f), on(false) {}
   template <bool kOn>
   static __device__ __forceinline__ Dropout make(DropoutParams const& d) {
     if constexpr (kOn) {
@@ -163,15 +163,17 @@ struct Dropout {
   // every thread issued with dropout off.
   static __device__ __noinline__ CounterRng keys(const int64_t* seed) { return CounterRng(uint64_t(*seed)); }
 
+  // `index` is a multiple of kVec: the vector paths take rows of a multiple of kVec columns and
+  // pieces at multiples of kVec (dropout_keep_run's precondition).
   template <int kVec>
   __device__ __forceinline__ void apply(float (&v)[kVec], uint64_t index) const {
-    const uint32_t hi = uint32_t(index >> 32);
-    const uint32_t high = rng.high_key(hi);
+    if constexpr (kVec == 1) {
+      v[0] = (rng.draw(index) << 16) >= cmp ? v[0] * scale : 0.f;
+    } else {
+      bool keep[kVec];
+      dropout_keep_run<kVec>(rng, index, cmp, keep);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const uint64_t i = index + j;
-      const uint32_t h = uint32_t(i >> 32) == hi ? high : rng.high_key(uint32_t(i >> 32));
-      v[j] = uint64_t(rng.bits_low(uint32_t(i), h)) >= threshold ? v[j] * scale : 0.f;
+      for (int j = 0; j < kVec; ++j) v[j] = keep[j] ? v[j] * scale : 0.f;
     }
   }
 };

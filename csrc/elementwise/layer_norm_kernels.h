@@ -2,7 +2,7 @@
 //
 // Forward, one pass over x:
 //   h = relu(x) (when relu), mean = sum(h) / C, rstd = 1 / sqrt(sum((h - mean)^2) / C + eps)
-//   y = dropout((h - mean) * rstd * weight + bias)     (dropout: keep iff counter_rng bits >= threshold,
+//   y = dropout((h - mean) * rstd * weight + bias)     (dropout: keep iff counter_rng draw >= threshold,
 //                                                       kept values times keep_scale)
 // mean and rstd (fp32, [rows]) are written for the backward.
 //
@@ -24,7 +24,7 @@ namespace cutlass_ext {
 // Dropout as the kernels see it: active when `seed` (one int64 in device memory) is not null.
 struct DropoutParams {
   const int64_t* seed = nullptr;
-  uint64_t keep_threshold = 0;  // dropout_keep_threshold(p)
+  uint32_t keep_threshold = 0;  // dropout_keep_threshold(p): 0 .. 2**16
   float keep_scale = 1.f;       // dropout_keep_scale(p)
 };
 

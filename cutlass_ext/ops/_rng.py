@@ -6,10 +6,13 @@ values stay in [0, 2**32) and multipliers below 2**31, so no product reaches 2**
 
     mix(x)  = x ^= x >> 16; x *= 0x21f0aaad; x ^= x >> 15; x *= 0x735a2d97; x ^= x >> 15  (mod 2**32)
     k0 = mix(lo(seed) ^ 0x9e3779b9),  k1 = mix(hi(seed) ^ k0 ^ 0x7f4a7c15)
-    bits(i) = mix(mix(lo(i) ^ k0) + mix(hi(i) ^ k1))
-    keep(i) = bits(i) >= ceil(p * 2**32)      (uniform = bits * 2**-32 >= p; kept values scale by 1/(1-p))
+    bits(n) = mix(mix(lo(n) ^ k0) + mix(hi(n) ^ k1))          (n: a 64-bit counter)
+    draw(i) = (bits(i >> 1) >> (16 * (i & 1))) & 0xffff       (two neighbouring elements share a hash)
+    keep(i) = draw(i) >= ceil(p * 2**16)      (uniform = draw * 2**-16 >= p; kept values scale by 1/(1-p))
 
-The interface is generic (any op can key a mask by its own element numbering): ``bits``,
+The keep probability is 1 - ceil(p * 2**16) / 2**16, i.e. p rounded up to a multiple of 2**-16.
+
+The interface is generic (any op can key a mask by its own element numbering): ``bits``, ``draw``,
 ``uniform``, ``keep_threshold`` and ``dropout_keep``.
 """
 
@@ -37,27 +40,33 @@ def _keys(seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return k0, k1
 
 
-def bits(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The 32-bit draws (as int64 in [0, 2**32)) of elements ``index`` (int64, >= 0) under ``seed``
-    (a one-element int64 tensor on index's device)."""
-    k0, k1 = _keys(seed.to(index.device))
-    lo = index & _MASK32
-    hi = (index >> 32) & _MASK32
+def bits(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """The 32-bit hashes (as int64 in [0, 2**32)) of ``counter`` (int64, >= 0) under ``seed`` (a
+    one-element int64 tensor on counter's device)."""
+    k0, k1 = _keys(seed.to(counter.device))
+    lo = counter & _MASK32
+    hi = (counter >> 32) & _MASK32
     return _mix32(((_mix32(lo ^ k0) + _mix32(hi ^ k1)) & _MASK32))
 
 
+def draw(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The 16-bit draws (int64 in [0, 2**16)) of elements ``index`` (int64, >= 0): a half of the
+    hash of index >> 1, the low half for even indices."""
+    return (bits(seed, index >> 1) >> ((index & 1) * 16)) & 0xFFFF
+
+
 def uniform(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """bits * 2**-32: uniform in [0, 1), float64 (exact)."""
-    return bits(seed, index).to(torch.float64) * 2.0**-32
+    """draw * 2**-16: uniform on the multiples of 2**-16 in [0, 1), float64 (exact)."""
+    return draw(seed, index).to(torch.float64) * 2.0**-16
 
 
 def keep_threshold(p: float) -> int:
-    """ceil(p * 2**32): an element is kept iff its bits are >= this (p = 1 keeps nothing)."""
+    """ceil(p * 2**16): an element is kept iff its draw is >= this (p = 1 keeps nothing)."""
     if not p > 0.0:
         return 0
     if p >= 1.0:
-        return 1 << 32
-    return int(math.ceil(p * 4294967296.0))
+        return 1 << 16
+    return int(math.ceil(p * 65536.0))
 
 
 def keep_scale(p: float) -> float:
@@ -67,7 +76,7 @@ def keep_scale(p: float) -> float:
 
 def dropout_keep(seed: torch.Tensor, index: torch.Tensor, p: float) -> torch.Tensor:
     """Boolean keep-mask of elements ``index`` for dropout probability ``p`` under ``seed``."""
-    return bits(seed, index) >= keep_threshold(p)
+    return draw(seed, index) >= keep_threshold(p)
 
 
 def row_major_index(rows: int, cols: int, device) -> torch.Tensor:

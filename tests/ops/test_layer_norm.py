@@ -286,8 +286,8 @@ def test_backward_is_deterministic():
 # ------------------------------------------------------------------------------------------------
 # Dropout and its RNG
 
-# Known answers of csrc/common/counter_rng.h (CounterRng(seed).bits(index)), printed by a host build
-# of the header: they tie the Python twin to the C++ definition on machines without a GPU.
+# Known answers of csrc/common/counter_rng.h (CounterRng(seed).bits(counter) and .draw(index)), printed
+# by a host build of the header: they tie the Python twin to the C++ definition on machines without a GPU.
 KAT_INDEX = [0, 1, 7, 1000, 2**32 - 1, 2**32, 2**32 + 1, 123456789012345]
 KAT = [
     (0, [757136469, 2677955303, 8210134, 1026557469, 3499224198, 869248157, 2181671798, 698578735]),
@@ -295,14 +295,31 @@ KAT = [
     (0x123456789ABCDEF, [3330378434, 2716719892, 3126016164, 1723522789, 1201803217, 1143629004, 1626538092,
                          3925761209]),
 ]
+KAT_DRAW_INDEX = KAT_INDEX + [2**33 - 1, 2**33]
+KAT_DRAW = [
+    (0, [64597, 11552, 21333, 39172, 61626, 23315, 48517, 37370, 53393, 44189]),
+    (-5, [7639, 28724, 10460, 5554, 40521, 36412, 43538, 5085, 17174, 32113]),
+    (0x123456789ABCDEF, [35522, 50817, 6318, 58836, 36333, 59621, 33130, 13357, 18338, 25804]),
+]
 
 
 def test_rng_twin_matches_cpp_known_answers():
     index = torch.tensor(KAT_INDEX, dtype=torch.int64)
     for seed, expected in KAT:
         assert _rng.bits(torch.tensor([seed]), index).tolist() == expected
-    assert _rng.keep_threshold(0.1) == 429496730 and _rng.keep_threshold(1.0) == 2**32
-    assert _rng.keep_threshold(0.0) == 0
+    index = torch.tensor(KAT_DRAW_INDEX, dtype=torch.int64)
+    for seed, expected in KAT_DRAW:
+        assert _rng.draw(torch.tensor([seed]), index).tolist() == expected
+    assert _rng.keep_threshold(0.1) == 6554 and _rng.keep_threshold(1.0) == 2**16
+    assert _rng.keep_threshold(0.0) == 0 and _rng.keep_threshold(0.5) == 2**15
+
+
+def test_rng_draw_is_a_half_of_the_pair_hash():
+    seed = torch.tensor([77])
+    index = torch.arange(2**32 - 6, 2**32 + 6, dtype=torch.int64)
+    h = _rng.bits(seed, index >> 1)
+    expected = torch.where(index % 2 == 0, h & 0xFFFF, h >> 16)
+    assert torch.equal(_rng.draw(seed, index), expected)
 
 
 def test_rng_is_uniform_and_seed_dependent():
@@ -315,18 +332,24 @@ def test_rng_is_uniform_and_seed_dependent():
     other = _rng.uniform(torch.tensor([12346]), index)
     assert abs(torch.corrcoef(torch.stack([u, other]))[0, 1].item()) < 0.02
     assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.02
+    assert abs(torch.corrcoef(torch.stack([u[0::2], u[1::2]]))[0, 1].item()) < 0.02  # the halves of one hash
 
 
-# 16384 fp32 columns: a row in shared memory on CUDA.
-@pytest.mark.parametrize("cols", [7, 512, 4097, 16384])
-def test_dropout_mask_matches_twin(device, cols):
-    x = rand(24, cols, device=device, dtype=torch.float32)
+# 16384 fp32 columns: a row in shared memory on CUDA. Odd lengths take the one-element path, whose
+# rows start at odd element numbers (the second half of a pair's hash); 8 and 512 bf16 columns the
+# 8-element vectors.
+@pytest.mark.parametrize("dtype,cols", [(torch.float32, 7), (torch.float32, 512), (torch.float32, 4097),
+                                        (torch.float32, 16384), (torch.bfloat16, 8), (torch.bfloat16, 512),
+                                        (torch.bfloat16, 1001)])
+def test_dropout_mask_matches_twin(device, dtype, cols):
+    x = rand(24, cols, device=device, dtype=dtype)
     seed = torch.tensor([987654321987], dtype=torch.int64, device=device)
     p = 0.3
     y, _, _ = torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, False, p, seed)
     keep = keep_mask(seed, x.shape, p)
     assert torch.equal(y != 0, keep)  # x is random: no kept element normalizes to exactly 0
-    torch.testing.assert_close(y.double(), ref_layer_norm(x, None, None, keep=keep, p=p), rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(y.double(), ref_layer_norm(x, None, None, keep=keep, p=p), rtol=tol, atol=tol)
 
 
 def test_dropout_reproducible_with_manual_seed(device):
