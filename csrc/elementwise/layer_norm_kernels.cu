@@ -490,7 +490,7 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 //    common offset of the row cancels exactly as in the two-pass form;
 //  - pieces are read as raw words and converted when used, relu at compile time;
 //  - whether weight and bias exist is decided once per block, not per piece.
-template <class T, int kThreads, bool kRelu>
+template <class T, int kThreads, bool kRelu, bool kDropout>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
   constexpr int kVec = vec_width<T>();
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
     p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
-  const Dropout drop(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y) + row * p.y_ld;
@@ -563,7 +563,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
 }
 
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
-template <class T, int kVec, int kThreads>
+template <class T, int kVec, int kThreads, bool kDropout>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNormParams p) {
   const int64_t row = blockIdx.x;
   const int64_t cols = p.cols;
@@ -576,7 +576,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNorm
     add_vector_moments<kVec>(m, h, p.relu);
   }
   const float2 stats = finish_statistics(p, block_moments<kThreads>(m), row);
-  const Dropout drop(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
     normalize_piece<T, kVec>(p, drop, row, col, x + col, stats);
   }
@@ -604,10 +604,14 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
     if (rows_that_fit >= 1) {
       const bool narrow = rows_that_fit >= kSharedNarrowMinRows;
-      auto kernel = narrow ? (p.relu ? layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, true>
-                                     : layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, false>)
-                           : (p.relu ? layer_norm_fwd_shared_kernel<T, kLongThreads, true>
-                                     : layer_norm_fwd_shared_kernel<T, kLongThreads, false>);
+      auto pick = [&](auto dropout) {
+        constexpr bool kDropout = decltype(dropout)::value;
+        return narrow ? (p.relu ? layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, true, kDropout>
+                                : layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, false, kDropout>)
+                      : (p.relu ? layer_norm_fwd_shared_kernel<T, kLongThreads, true, kDropout>
+                                : layer_norm_fwd_shared_kernel<T, kLongThreads, false, kDropout>);
+      };
+      auto kernel = p.dropout.seed != nullptr ? pick(std::true_type{}) : pick(std::false_type{});
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
         const size_t bytes = size_t(p.cols) * sizeof(T);
         kernel<<<unsigned(p.rows), narrow ? kSharedNarrowThreads : kLongThreads, bytes, stream>>>(p);
@@ -615,7 +619,9 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
       }
     }
   }
-  layer_norm_fwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+  auto kernel = p.dropout.seed != nullptr ? layer_norm_fwd_long_kernel<T, kVec, kLongThreads, true>
+                                          : layer_norm_fwd_long_kernel<T, kVec, kLongThreads, false>;
+  kernel<<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
 }
 
 template <class T>
@@ -850,7 +856,7 @@ __device__ __forceinline__ void store_dx_piece(LayerNormBackwardParams const& p,
 }
 
 // Rows too long for registers, dx only: a block per row, the two row sums, then dx.
-template <class T, int kVec, int kThreads>
+template <class T, int kVec, int kThreads, bool kDropout>
 __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNormBackwardParams p) {
   __shared__ float scratch[kThreads / 32];
   const int64_t row = blockIdx.x;
@@ -858,7 +864,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNorm
   const float mean = p.mean[row], rstd = p.rstd[row];
   const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
   const T* dy = static_cast<const T*>(p.grad) + row * p.grad_ld;
-  const Dropout drop(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
     add_dx_sums<T, kVec>(p, drop, row, col, x + col, dy + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
@@ -872,7 +878,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNorm
 
 // The same with the row's x and dy in shared memory (vector path, where both fit): each is read
 // from memory once, and the sums start on the first column group while the rest land.
-template <class T, int kThreads>
+template <class T, int kThreads, bool kDropout>
 __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNormBackwardParams p) {
   constexpr int kVec = vec_width<T>();
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
@@ -883,7 +889,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNo
   const float mean = p.mean[row], rstd = p.rstd[row];
   copy_row_pair_async(x_s, static_cast<const T*>(p.x) + row * p.x_ld, dy_s,
                       static_cast<const T*>(p.grad) + row * p.grad_ld, p.cols);
-  const Dropout drop(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
   for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
     add_dx_sums<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
@@ -896,14 +902,14 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNo
 }
 
 // dweight/dbias partials of long rows: column tiles of kColThreadsX * kVec, blockIdx.y a row split.
-template <class T, int kVec>
+template <class T, int kVec, bool kDropout>
 __global__ void __launch_bounds__(kColThreadsX* kColThreadsY)
 layer_norm_bwd_columns_kernel(LayerNormBackwardParams p, int64_t rows_per_split) {
   __shared__ float sums[kColThreadsY][kColThreadsX * kVec];
   const int64_t col = (int64_t(blockIdx.x) * kColThreadsX + threadIdx.x) * kVec;
   const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
   const int64_t row_end = min(p.rows, row_begin + rows_per_split);
-  const Dropout drop(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   float acc_w[kVec], acc_b[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) acc_w[j] = acc_b[j] = 0.f;
@@ -993,17 +999,21 @@ BackwardPlan plan_backward(LayerNormBackwardParams const& p) {
 // dx of rows too long for registers: through shared memory where x and dy fit there together.
 template <class T, int kVec>
 void launch_backward_dx_long(LayerNormBackwardParams const& p, cudaStream_t stream) {
+  const bool dropout = p.dropout.seed != nullptr;
   if constexpr (kVec == vec_width<T>()) {
     int device = 0;
     if (shared_rows_that_fit<T>(2 * p.cols, &device) >= 1) {
-      auto kernel = layer_norm_bwd_shared_kernel<T, kLongThreads>;
+      auto kernel = dropout ? layer_norm_bwd_shared_kernel<T, kLongThreads, true>
+                            : layer_norm_bwd_shared_kernel<T, kLongThreads, false>;
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
         kernel<<<unsigned(p.rows), kLongThreads, 2 * size_t(p.cols) * sizeof(T), stream>>>(p);
         return;
       }
     }
   }
-  layer_norm_bwd_long_kernel<T, kVec, kLongThreads><<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
+  auto kernel = dropout ? layer_norm_bwd_long_kernel<T, kVec, kLongThreads, true>
+                        : layer_norm_bwd_long_kernel<T, kVec, kLongThreads, false>;
+  kernel<<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
 }
 
 template <class T, int kVec>
@@ -1026,7 +1036,9 @@ void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& p
     if (need_columns) {
       const int64_t rows_per_split = (p.rows + plan.splits - 1) / plan.splits;
       const dim3 grid(unsigned(plan.col_blocks), unsigned(plan.splits));
-      layer_norm_bwd_columns_kernel<T, kVec><<<grid, dim3(kColThreadsX, kColThreadsY), 0, stream>>>(p, rows_per_split);
+      auto kernel = p.dropout.seed != nullptr ? layer_norm_bwd_columns_kernel<T, kVec, true>
+                                              : layer_norm_bwd_columns_kernel<T, kVec, false>;
+      kernel<<<grid, dim3(kColThreadsX, kColThreadsY), 0, stream>>>(p, rows_per_split);
     }
     parts = plan.splits;
   }
