@@ -71,25 +71,24 @@ CE_HOST_DEVICE uint32_t dropout_compare_threshold(uint32_t t) { return t >= (1u 
 // What multiplies a kept element: 1 / (1 - p), and 0 for p = 1 (nothing is kept).
 CE_HOST_DEVICE float dropout_keep_scale(double p) { return p >= 1.0 ? 0.f : float(1.0 / (1.0 - p)); }
 
-// The generic interface: does dropout with threshold t keep element `index` under this generator?
-CE_HOST_DEVICE bool dropout_keep(CounterRng const& rng, uint64_t index, uint32_t t) { return rng.draw(index) >= t; }
-CE_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t index, double p) {
-  return dropout_keep(CounterRng(seed), index, dropout_keep_threshold(p));
-}
-
-// Keep flags of kN elements index, index + 1, ... with `cmp` = dropout_compare_threshold(t), from
-// kN / 2 hashes. Precondition: index is a multiple of kN (a power of two), so the pairs share their
-// high 32 counter bits. The vector paths of the kernels number their vectors that way.
+// Keep flags of kN elements index, index + 1, ... with `cmp` = dropout_compare_threshold(t). One
+// element (kN = 1) at any index; kN >= 2 from kN / 2 hashes, with the precondition that index is a
+// multiple of kN (a power of two), so that the pairs share their high 32 counter bits. The vector
+// paths of the kernels number their vectors that way.
 template <int kN>
 CE_HOST_DEVICE void dropout_keep_run(CounterRng const& rng, uint64_t index, uint32_t cmp, bool (&keep)[kN]) {
-  static_assert(kN >= 2 && (kN & (kN - 1)) == 0, "kN must be a power of two >= 2");
-  const uint64_t pair = index >> 1;
-  const uint32_t high = rng.high_key(uint32_t(pair >> 32));
+  static_assert(kN >= 1 && (kN & (kN - 1)) == 0, "kN must be a power of two");
+  if constexpr (kN == 1) {
+    keep[0] = (rng.draw(index) << 16) >= cmp;
+  } else {
+    const uint64_t pair = index >> 1;
+    const uint32_t high = rng.high_key(uint32_t(pair >> 32));
 #pragma unroll
-  for (int j = 0; j < kN / 2; ++j) {
-    const uint32_t h = rng.bits_low(uint32_t(pair) + uint32_t(j), high);
-    keep[2 * j] = (h << 16) >= cmp;
-    keep[2 * j + 1] = (h & 0xffff0000u) >= cmp;
+    for (int j = 0; j < kN / 2; ++j) {
+      const uint32_t h = rng.bits_low(uint32_t(pair) + uint32_t(j), high);
+      keep[2 * j] = (h << 16) >= cmp;
+      keep[2 * j + 1] = (h & 0xffff0000u) >= cmp;
+    }
   }
 }
 

@@ -30,8 +30,9 @@ dropout_kernel(const T* __restrict__ in, T* out, int64_t numel, const int64_t* s
       }
     }
     for (int64_t i = base; i < min(base + kVec, numel); ++i) {
-      const bool keep = (rng.draw(uint64_t(i)) << 16) >= cmp;
-      out[i] = T(keep ? float(in[i]) * scale : 0.f);
+      bool keep[1];
+      dropout_keep_run<1>(rng, uint64_t(i), cmp, keep);
+      out[i] = T(keep[0] ? float(in[i]) * scale : 0.f);
     }
   }
 }

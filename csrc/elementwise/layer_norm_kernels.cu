@@ -167,14 +167,10 @@ struct Dropout {
   // pieces at multiples of kVec (dropout_keep_run's precondition).
   template <int kVec>
   __device__ __forceinline__ void apply(float (&v)[kVec], uint64_t index) const {
-    if constexpr (kVec == 1) {
-      v[0] = (rng.draw(index) << 16) >= cmp ? v[0] * scale : 0.f;
-    } else {
-      bool keep[kVec];
-      dropout_keep_run<kVec>(rng, index, cmp, keep);
+    bool keep[kVec];
+    dropout_keep_run<kVec>(rng, index, cmp, keep);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[j] = keep[j] ? v[j] * scale : 0.f;
-    }
+    for (int j = 0; j < kVec; ++j) v[j] = keep[j] ? v[j] * scale : 0.f;
   }
 };
 
