@@ -290,16 +290,16 @@ def test_backward_is_deterministic():
 # by a host build of the header: they tie the Python twin to the C++ definition on machines without a GPU.
 KAT_INDEX = [0, 1, 7, 1000, 2**32 - 1, 2**32, 2**32 + 1, 123456789012345]
 KAT = [
-    (0, [757136469, 2677955303, 8210134, 1026557469, 3499224198, 869248157, 2181671798, 698578735]),
-    (-5, [1882463703, 2309707066, 2251595171, 1587447582, 1125546911, 4078992753, 1253274033, 2166356895]),
-    (0x123456789ABCDEF, [3330378434, 2716719892, 3126016164, 1723522789, 1201803217, 1143629004, 1626538092,
-                         3925761209]),
+    (0, [340428713, 3772709002, 2925614534, 2425760877, 875424922, 730508637, 3013135809, 1416197199]),
+    (-5, [1028516267, 3078966592, 290923716, 1951057302, 3342625740, 2430391391, 1801644028, 2065234362]),
+    (0x123456789ABCDEF, [2470138665, 2373887687, 2112017305, 3101724457, 330961434, 283152345, 1701093346,
+                         2654148514]),
 ]
 KAT_DRAW_INDEX = KAT_INDEX + [2**33 - 1, 2**33]
 KAT_DRAW = [
-    (0, [64597, 11552, 21333, 39172, 61626, 23315, 48517, 37370, 53393, 44189]),
-    (-5, [7639, 28724, 10460, 5554, 40521, 36412, 43538, 5085, 17174, 32113]),
-    (0x123456789ABCDEF, [35522, 50817, 6318, 58836, 36333, 59621, 33130, 13357, 18338, 25804]),
+    (0, [34729, 5194, 51474, 38982, 5067, 23719, 39873, 10339, 13357, 44381]),
+    (-5, [59819, 15693, 16977, 18170, 15554, 45648, 47035, 19313, 51004, 54367]),
+    (0x123456789ABCDEF, [21289, 37691, 61863, 3582, 38773, 52271, 33712, 21553, 5050, 36825]),
 ]
 
 
@@ -333,6 +333,22 @@ def test_rng_is_uniform_and_seed_dependent():
     assert abs(torch.corrcoef(torch.stack([u, other]))[0, 1].item()) < 0.02
     assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.02
     assert abs(torch.corrcoef(torch.stack([u[0::2], u[1::2]]))[0, 1].item()) < 0.02  # the halves of one hash
+    # Seeds that differ only in their high 32 bits give unrelated draws too (the multiplier m and the
+    # offset k0 depend on all 64 bits).
+    high = _rng.uniform(torch.tensor([12345 + (7 << 32)]), index)
+    assert abs(torch.corrcoef(torch.stack([u, high]))[0, 1].item()) < 0.02
+
+
+def test_rng_counters_past_2_pow_32_repeat_as_documented():
+    # counter_rng.h: counter (h + 1, lo) hashes as (h, lo + k1 / m mod 2**32). Checked so that the
+    # documented limit stays true of the definition.
+    seed = torch.tensor([-123456789])
+    _, k1, m = (int(v) for v in _rng._keys(seed))
+    assert m % 2 == 1  # odd: counters below 2**32 get distinct inputs
+    shift = k1 * pow(m, -1, 2**32) % 2**32
+    lo = torch.tensor([0, 1, 999, 2**31, 2**32 - 1], dtype=torch.int64)
+    for h in (0, 1, 5):
+        assert torch.equal(_rng.bits(seed, ((h + 1) << 32) + lo), _rng.bits(seed, (h << 32) + (lo + shift) % 2**32))
 
 
 # 16384 fp32 columns: a row in shared memory on CUDA. Odd lengths take the one-element path, whose
