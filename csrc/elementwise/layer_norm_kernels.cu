@@ -172,6 +172,31 @@ struct Dropout {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) v[j] = keep[j] ? v[j] * scale : 0.f;
   }
+
+  // Zeroes the dropped elements of the kVec-element piece at `piece` (in shared memory), unscaled:
+  // a later pass over the piece then needs only KeptScale, not the mask.
+  template <class T, int kVec>
+  __device__ __forceinline__ void zero_dropped(T* piece, uint64_t index) const {
+    bool keep[kVec];
+    dropout_keep_run<kVec>(rng, index, cmp, keep);
+    Pack<T, kVec> v = load_pack<T, kVec>(piece);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v.v[j] = keep[j] ? v.v[j] : T(0.f);
+    store_pack<T, kVec>(piece, v);
+  }
+};
+
+// Dropout's backward on a piece whose dropped elements are already zero (Dropout::zero_dropped):
+// the kept ones' scale. Gives the same bits as Dropout::apply on the unzeroed piece.
+struct KeptScale {
+  static constexpr bool on = true;
+  float scale;
+
+  template <int kVec>
+  __device__ __forceinline__ void apply(float (&v)[kVec], uint64_t) const {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] *= scale;
+  }
 };
 
 // Sum over the kTpr threads that share a row (kTpr consecutive threads). Every thread of the block
@@ -639,8 +664,8 @@ struct ForwardFn {
 // x > 0 (relu's derivative).
 // x_src and g_src point at the piece's x and dy (in memory or in shared memory).
 // `relu` is p.relu, passed separately so that a kernel templated on it compiles the relu away.
-template <class T, int kVec>
-__device__ __forceinline__ void backward_inputs(LayerNormBackwardParams const& p, Dropout const& drop, int64_t row,
+template <class T, int kVec, class Drop>
+__device__ __forceinline__ void backward_inputs(LayerNormBackwardParams const& p, Drop const& drop, int64_t row,
                                                 int64_t col, Pack<T, kVec> const& xs, Pack<T, kVec> const& gs,
                                                 float mean, float rstd, float (&g)[kVec], float (&xhat)[kVec],
                                                 uint32_t& positive, int bit, bool relu) {
@@ -657,8 +682,8 @@ __device__ __forceinline__ void backward_inputs(LayerNormBackwardParams const& p
   if (drop.on) drop.apply<kVec>(g, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
 }
 
-template <class T, int kVec>
-__device__ __forceinline__ void load_backward_inputs_from(LayerNormBackwardParams const& p, Dropout const& drop,
+template <class T, int kVec, class Drop>
+__device__ __forceinline__ void load_backward_inputs_from(LayerNormBackwardParams const& p, Drop const& drop,
                                                           int64_t row, int64_t col, const T* x_src, const T* g_src,
                                                           float mean, float rstd, float (&g)[kVec],
                                                           float (&xhat)[kVec], uint32_t& positive, int bit) {
@@ -819,8 +844,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
 // One piece of a long row's dx: its part of the two row sums (first pass), and dx itself (second
 // pass, with a = mean(dxhat), b = mean(dxhat * xhat)). x_src/g_src: the piece in memory or in
 // shared memory.
-template <class T, int kVec>
-__device__ __forceinline__ void add_dx_sums(LayerNormBackwardParams const& p, Dropout const& drop, int64_t row,
+template <class T, int kVec, class Drop>
+__device__ __forceinline__ void add_dx_sums(LayerNormBackwardParams const& p, Drop const& drop, int64_t row,
                                             int64_t col, const T* x_src, const T* g_src, float mean, float rstd,
                                             float& sum_dxhat, float& sum_dxhat_xhat) {
   float g[kVec], xhat[kVec], w[kVec], unused[kVec];
@@ -835,8 +860,8 @@ __device__ __forceinline__ void add_dx_sums(LayerNormBackwardParams const& p, Dr
   }
 }
 
-template <class T, int kVec>
-__device__ __forceinline__ void store_dx_piece(LayerNormBackwardParams const& p, Dropout const& drop, int64_t row,
+template <class T, int kVec, class Drop>
+__device__ __forceinline__ void store_dx_piece(LayerNormBackwardParams const& p, Drop const& drop, int64_t row,
                                                int64_t col, const T* x_src, const T* g_src, float mean, float rstd,
                                                float a, float b) {
   float g[kVec], xhat[kVec], w[kVec], unused[kVec], out[kVec];
@@ -873,7 +898,9 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNorm
 }
 
 // The same with the row's x and dy in shared memory (vector path, where both fit): each is read
-// from memory once, and the sums start on the first column group while the rest land.
+// from memory once, and the sums start on the first column group while the rest land. With
+// dropout, the first pass zeroes the dropped elements of its pieces of dy in shared memory (a
+// thread's pieces are the same in both passes), so the mask is drawn once per element, not twice.
 template <class T, int kThreads, bool kDropout>
 __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNormBackwardParams p) {
   constexpr int kVec = vec_width<T>();
@@ -888,12 +915,22 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNo
   const Dropout drop = Dropout::make<kDropout>(p.dropout);
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
   for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
-    add_dx_sums<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
+    if constexpr (kDropout) {
+      drop.zero_dropped<T, kVec>(dy_s + col, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
+      add_dx_sums<T, kVec>(p, KeptScale{drop.scale}, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat,
+                           sum_dxhat_xhat);
+    } else {
+      add_dx_sums<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
+    }
   });
   const float a = block_sum(sum_dxhat, scratch) / float(p.cols);
   const float b = block_sum(sum_dxhat_xhat, scratch) / float(p.cols);
   for_all_own_pieces<T>(p.cols, [&](int64_t col) {
-    store_dx_piece<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
+    if constexpr (kDropout) {
+      store_dx_piece<T, kVec>(p, KeptScale{drop.scale}, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
+    } else {
+      store_dx_piece<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
+    }
   });
 }
 

@@ -414,11 +414,14 @@ def test_dropout_edge_probabilities(device, monkeypatch):
 
 
 @pytest.mark.parametrize("relu", [False, True])
-# 16392 fp32 columns: x and dy in shared memory on CUDA; 65536: the two-pass kernel.
-@pytest.mark.parametrize("cols", [7, 1000, pytest.param(16392, marks=requires_cuda),
-                                  pytest.param(65536, marks=requires_cuda)])
-def test_backward_with_dropout(device, cols, relu):
-    dtype = torch.float32
+# 16392 columns: x and dy in shared memory on CUDA (the first pass zeroes dy's dropped elements
+# there, in fp32 and in bf16); 65536 fp32: the two-pass kernel.
+@pytest.mark.parametrize("dtype_name,cols", [("fp32", 7), ("fp32", 1000),
+                                             pytest.param("fp32", 16392, marks=requires_cuda),
+                                             pytest.param("bf16", 16392, marks=requires_cuda),
+                                             pytest.param("fp32", 65536, marks=requires_cuda)])
+def test_backward_with_dropout(device, dtype_name, cols, relu):
+    dtype = DTYPES[dtype_name]
     rows = 48 if cols <= 1000 else 4
     p = 0.25
     x = rand(rows, cols, device=device, dtype=dtype)
@@ -430,9 +433,9 @@ def test_backward_with_dropout(device, cols, relu):
     keep = keep_mask(seed, x.shape, p)
     ref_out, ref = grads_of(lambda a, w, b: ref_layer_norm(a, w, b, relu=relu, keep=keep, p=p),
                             [x.double(), weight.double(), bias.double()], grad_out.double())
-    assert_close_to_reference(out, ref_out, None, "fp32")
+    assert_close_to_reference(out, ref_out, None, dtype_name)
     for name, o, r in zip(("dx", "dweight", "dbias"), ours, ref):
-        assert_close_to_reference(o, r, None, "fp32", what=name)
+        assert_close_to_reference(o, r, None, dtype_name, what=name)
 
 
 # ------------------------------------------------------------------------------------------------
