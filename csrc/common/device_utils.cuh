@@ -275,14 +275,22 @@ void dispatch_activation(int code, F&& f) {
   }
 }
 
+// Returns Fn<T>{}(args...) for the element type T of `dtype` (one of the three DType values; the
+// bindings admit no other).
+template <template <class> class Fn, class... Args>
+decltype(auto) call_for_dtype(DType dtype, Args&&... args) {
+  switch (dtype) {
+    case DType::kF16: return Fn<ElementOf<DType::kF16>::type>{}(std::forward<Args>(args)...);
+    case DType::kBF16: return Fn<ElementOf<DType::kBF16>::type>{}(std::forward<Args>(args)...);
+    case DType::kF32:
+    default: return Fn<ElementOf<DType::kF32>::type>{}(std::forward<Args>(args)...);
+  }
+}
+
 // Runs Fn<T>{}(params, stream) for the params' dtype and reports a launch error.
 template <template <class> class Fn, class P>
 LaunchResult dispatch_dtype(P const& p, cudaStream_t stream) {
-  switch (p.dtype) {
-    case DType::kF16: Fn<ElementOf<DType::kF16>::type>{}(p, stream); break;
-    case DType::kBF16: Fn<ElementOf<DType::kBF16>::type>{}(p, stream); break;
-    case DType::kF32: Fn<ElementOf<DType::kF32>::type>{}(p, stream); break;
-  }
+  call_for_dtype<Fn>(p.dtype, p, stream);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
   return {};

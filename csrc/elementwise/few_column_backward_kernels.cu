@@ -235,21 +235,17 @@ Choice choose_n(FewColumnBackwardParams const& p) {
 }
 
 template <class T>
-Choice choose(FewColumnBackwardParams const& p) {
-  switch (padded_n(p.n)) {
-    case 1: return choose_n<T, 1>(p);
-    case 4: return choose_n<T, 4>(p);
-    default: return choose_n<T, 16>(p);
+struct ChooseFn {
+  Choice operator()(FewColumnBackwardParams const& p) const {
+    switch (padded_n(p.n)) {
+      case 1: return choose_n<T, 1>(p);
+      case 4: return choose_n<T, 4>(p);
+      default: return choose_n<T, 16>(p);
+    }
   }
-}
+};
 
-Choice choose_for(FewColumnBackwardParams const& p) {
-  switch (p.dtype) {
-    case DType::kF16: return choose<ElementOf<DType::kF16>::type>(p);
-    case DType::kBF16: return choose<ElementOf<DType::kBF16>::type>(p);
-    default: return choose<float>(p);
-  }
-}
+Choice choose_for(FewColumnBackwardParams const& p) { return call_for_dtype<ChooseFn>(p.dtype, p); }
 
 dim3 block_of(FewColumnBackwardParams const& p, Choice const& c) {
   const int tx = int(std::clamp<int64_t>(pow2_at_least(ceil_div(p.k, c.vec)), c.min_tx, kMaxThreadsX));
