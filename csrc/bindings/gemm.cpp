@@ -89,28 +89,38 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 
 bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") == 0; }
 
-// Kernels built for this dtype, math mode, layout and epilogue (empty when the combination has
-// no instantiation, or a selective build left it out). Majors are those of the kernel's own
+// The kind of kernel a product needs (kernels_for): each flag but `plain` must match the entry's.
+struct KernelForm {
+  bool aux = false;         // the epilogue also stores the pre-activation
+  bool with_c = false;      // the epilogue adds beta * C
+  bool transposed = false;  // computes D^T = B^T A^T
+  bool ext_k = false;       // adds a second operand pair A2 @ B2 to the product
+  bool k_slices = false;    // writes the fp32 partial products of K slices
+  bool plain = false;       // the product has no C, aux output, bias or activation
+};
+
+// Kernels built for this dtype, math mode, layout and form (empty when the combination has no
+// instantiation, or a selective build left it out). Majors are those of the kernel's own
 // operands: for transposed kernels A' = B^T and B' = A^T. A `plain` product (no C, aux output,
 // bias or activation) takes a config's plain-epilogue kernel where one is built, in place of its
 // bias-and-activation kernel; other products never take plain kernels.
-std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode math, Major a, Major b, bool aux,
-                                                bool with_c, bool transposed, bool ext_k = false,
-                                                bool k_slices = false, bool plain = false) {
+std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode math, Major a, Major b,
+                                                KernelForm const& form) {
   std::vector<const GemmKernelEntry*> out;
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
     // Exact fp32 has one (CUTLASS 2.x SIMT) path on every arch, and every CUTLASS 2.x kernel
     // (arch 80) can read a C source.
     const bool arch_ok = math == MathMode::kExactF32 || e.arch == arch || e.arch == 0;
-    const bool source_ok = e.source == with_c || (with_c && e.arch == 80);
-    if (arch_ok && source_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
-        e.aux == aux && e.transposed == transposed && e.ext_k == ext_k && e.k_slices == k_slices &&
-        (plain || !e.plain) && !is_gemv(e)) {  // chosen before the others, on unpadded operands (few_column_kernel)
+    const bool source_ok = e.source == form.with_c || (form.with_c && e.arch == 80);
+    const bool form_ok = e.aux == form.aux && e.transposed == form.transposed && e.ext_k == form.ext_k &&
+                         e.k_slices == form.k_slices && (form.plain || !e.plain);
+    if (arch_ok && source_ok && form_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
+        !is_gemv(e)) {  // chosen before the others, on unpadded operands (few_column_kernel)
       out.push_back(&e);
     }
   }
-  if (plain) {
+  if (form.plain) {
     auto has_plain_twin = [&](const GemmKernelEntry* e) {
       return !e->plain && std::any_of(out.begin(), out.end(), [&](const GemmKernelEntry* o) {
                return o->plain && std::strcmp(o->config, e->config) == 0;
@@ -405,8 +415,11 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
       M * L <= kLowKUnalignedMaxRows && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
     const int arch = gemm_arch_for(opts, a.device().index());
     const GemmKernelEntry* lowk = nullptr;
-    for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_along_k(a3.stride(2), K),
-                                                major_along_k(b3.stride(1), K), aux, c3.defined(), false)) {
+    KernelForm form;
+    form.aux = aux;
+    form.with_c = c3.defined();
+    for (const GemmKernelEntry* e :
+         kernels_for(arch, dt, math, major_along_k(a3.stride(2), K), major_along_k(b3.stride(1), K), form)) {
       if (is_lowk(*e) && (opts.config.empty() || opts.config == e->config)) lowk = e;
     }
     if (lowk != nullptr) {
@@ -476,17 +489,24 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
             v.end());
     return v;
   };
-  std::vector<const GemmKernelEntry*> candidates =
-      usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false, false, false, plain));
+  KernelForm form;
+  form.aux = kernel_aux;
+  form.with_c = with_c;
+  form.plain = plain;
+  std::vector<const GemmKernelEntry*> candidates = usable(kernels_for(arch, dt, math, major_a(), major_b(), form));
   // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
   std::vector<const GemmKernelEntry*> transposed;
-  if (!with_c) transposed = kernels_for(arch, dt, math, major_b(), major_a(), kernel_aux, false, true, false, false, plain);
+  if (!with_c) {
+    KernelForm transposed_form = form;
+    transposed_form.transposed = true;
+    transposed = kernels_for(arch, dt, math, major_b(), major_a(), transposed_form);
+  }
   if (candidates.empty() && transposed.empty()) {
     // No kernel reads this layout (TF32 with an N-major B and no transposed kernel, or a
     // selective build): copy the MN-major operands to K-major, which every build has.
     if (major_a() != Major::kK) copy_a_k_major();
     if (major_b() != Major::kK) copy_b_k_major();
-    candidates = usable(kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, with_c, false, false, false, plain));
+    candidates = usable(kernels_for(arch, dt, math, major_a(), major_b(), form));
   }
   if (candidates.empty() && with_c) {
     // No C-source kernel in this (selective) build: the product, then the sum.
@@ -588,8 +608,9 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     if (!plain || aux || L != 1 || has_a2 || !target.is_contiguous()) {
       return nullptr;
     }
-    const std::vector<const GemmKernelEntry*> sliced =
-        kernels_for(arch, dt, math, major_a(), major_b(), false, false, false, false, true);
+    KernelForm sliced_form;
+    sliced_form.k_slices = true;
+    const std::vector<const GemmKernelEntry*> sliced = kernels_for(arch, dt, math, major_a(), major_b(), sliced_form);
     return sliced.empty() ? nullptr : sliced.front();
   };
   auto run_k_slices = [&](const GemmKernelEntry& e, int slices) {
@@ -673,7 +694,10 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     MatrixView va2, vb2;
     if (!kernel->transposed && !with_c && as_matrix(a2_3, align, va2) && as_matrix(b2_3, align, vb2) &&
         va2.y_contiguous == va.y_contiguous && vb2.y_contiguous == vb.y_contiguous) {
-      for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_a(), major_b(), kernel_aux, false, false, true)) {
+      KernelForm twin_form;
+      twin_form.aux = kernel_aux;
+      twin_form.ext_k = true;
+      for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_a(), major_b(), twin_form)) {
         if (std::strcmp(e->config, kernel->config) == 0) twin = e;
       }
     }
