@@ -11,8 +11,14 @@ Bandwidth counts the bytes an op must move at least (each input read once, each 
 once; the backward reads what it needs, e.g. softmax's y and dy); "copy" is x.copy_ of a tensor
 of the same size, whose bytes are read + written.
 
+With --graphs each provider's call is captured in a CUDA graph and replayed, which takes the
+host's launch and autograd cost out of the times (a forward+backward step of a small shape is
+otherwise mostly host time); a provider that cannot be captured is timed without a graph, and the
+record lists the captured ones under "graphed".
+
     python bench/elementwise.py                          # everything, bf16
     python bench/elementwise.py --ops softmax --modes fwd --dtypes bf16,fp32
+    python bench/elementwise.py --graphs --modes fwdbwd --out bench/results/elementwise-graphs-h200.json
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, write_results  # noqa: E402
+from _common import Timer, geomean, graphed, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -120,14 +126,15 @@ def run(args):
                 for mode in args.modes:
                     if mode == "fwdbwd" and case.bwd_bytes == 0:
                         continue
-                    rec = time_case(timer, case, mode, rows, cols, dtype)
+                    rec = time_case(timer, case, mode, args.graphs)
                     bytes_moved = (case.fwd_bytes + (case.bwd_bytes if mode == "fwdbwd" else 0)) * n * esize
                     rec.update(dtype=dname, rows=rows, cols=cols, copy_gbs=copy_gbs,
                                gbs={p: bytes_moved / t * 1e-3 for p, t in rec["us"].items()})
                     rec["pct_copy"] = rec["gbs"]["cutlass_ext"] / copy_gbs
                     records.append(rec)
                     # Written after every case, so that an interrupted sweep keeps what it measured.
-                    write_results("elementwise", {"records": records, "summary": summarize(records)["table"]}, args.out)
+                    write_results("elementwise", {"cuda_graphs": args.graphs, "records": records,
+                                                  "summary": summarize(records)["table"]}, args.out)
                     us = rec["us"]
                     print(f"{dname} {case.name:24s} {mode:6s} {rows:6d}x{cols:<6d} "
                           f"ours {us['cutlass_ext']:8.1f} us {rec['gbs']['cutlass_ext']:6.0f} GB/s "
@@ -138,11 +145,12 @@ def run(args):
     summary = summarize(records)
     for line in summary["lines"]:
         print(line)
-    path = write_results("elementwise", {"records": records, "summary": summary["table"]}, args.out)
+    payload = {"cuda_graphs": args.graphs, "records": records, "summary": summary["table"]}
+    path = write_results("elementwise", payload, args.out)
     print(f"wrote {path}")
 
 
-def time_case(timer, case, mode, rows, cols, dtype):
+def time_case(timer, case, mode, graphs):
     grad_mode = mode == "fwdbwd"
     inputs = case.inputs(grad_mode)
     compiled = torch.compile(case.eager, dynamic=False)
@@ -164,7 +172,14 @@ def time_case(timer, case, mode, rows, cols, dtype):
         return step
 
     callables = {name: call(fn) for name, fn in fns.items()}
-    return {"op": case.name, "mode": mode, "us": timer.median_us_many(callables)}
+    captured = []
+    if graphs:
+        for name, fn in callables.items():
+            replay = graphed(name, fn)
+            if replay is not None:
+                callables[name] = replay
+                captured.append(name)
+    return {"op": case.name, "mode": mode, "graphed": captured, "us": timer.median_us_many(callables)}
 
 
 def summarize(records):
@@ -196,6 +211,7 @@ def main():
     parser.add_argument("--shapes", default=None, help="rowsxcols,... (default: the built-in set)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each call")
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/elementwise-<device>.json)")
     args = parser.parse_args()
     args.ops = args.ops.split(",")
