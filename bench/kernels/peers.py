@@ -3,6 +3,7 @@ a 512 MB fill of a flush buffer, events around the call alone, median over the r
 
     python bench/kernels/peers.py gemm 4096x4096x4096 ...       # cuBLAS mm, cuBLASLt bias+ReLU
     python bench/kernels/peers.py layer_norm 65536x512 ...      # torch eager and torch.compile
+    python bench/kernels/peers.py add 134217728 ...             # a + b: eager, torch.compile; x.copy_
 """
 
 from __future__ import annotations
@@ -55,15 +56,27 @@ def layer_norm(shape: str, rounds: int) -> None:
             print(f"{shape} relu={relu} {name:8s} {us:8.2f} us {4 * rows * cols / us * 1e-3:6.0f} GB/s")
 
 
+def add(shape: str, rounds: int) -> None:
+    n = int(shape)
+    a = torch.rand(n, device="cuda", dtype=torch.bfloat16) * 4 - 2
+    b = torch.rand(n, device="cuda", dtype=torch.bfloat16) * 4 - 2
+    out = torch.empty_like(a)
+    compiled = torch.compile(lambda x, y: x + y, dynamic=False)
+    fns = {"copy_": lambda: out.copy_(a), "eager": lambda: torch.add(a, b, out=out), "compile": lambda: compiled(a, b)}
+    for name, us in median_us(fns, rounds).items():
+        moved = (4 if name == "copy_" else 6) * n
+        print(f"n={n} {name:8s} {us:8.1f} us {moved / us * 1e-3:6.0f} GB/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["gemm", "layer_norm"])
+    parser.add_argument("what", choices=["gemm", "layer_norm", "add"])
     parser.add_argument("shapes", nargs="+")
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     print("device", torch.cuda.get_device_name(), "torch", torch.__version__)
     for shape in args.shapes:
-        (gemm if args.what == "gemm" else layer_norm)(shape, args.rounds)
+        {"gemm": gemm, "layer_norm": layer_norm, "add": add}[args.what](shape, args.rounds)
 
 
 if __name__ == "__main__":
