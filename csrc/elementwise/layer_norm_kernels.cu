@@ -913,24 +913,24 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNo
   copy_row_pair_async(x_s, static_cast<const T*>(p.x) + row * p.x_ld, dy_s,
                       static_cast<const T*>(p.grad) + row * p.grad_ld, p.cols);
   const Dropout drop = Dropout::make<kDropout>(p.dropout);
+  // What both passes apply to dy: the kept elements' scale once the first pass has zeroed the
+  // dropped ones (with dropout), else nothing.
+  const auto dy_drop = [&] {
+    if constexpr (kDropout) {
+      return KeptScale{drop.scale};
+    } else {
+      return drop;
+    }
+  }();
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
   for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
-    if constexpr (kDropout) {
-      drop.zero_dropped<T, kVec>(dy_s + col, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
-      add_dx_sums<T, kVec>(p, KeptScale{drop.scale}, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat,
-                           sum_dxhat_xhat);
-    } else {
-      add_dx_sums<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
-    }
+    if constexpr (kDropout) drop.zero_dropped<T, kVec>(dy_s + col, uint64_t(row) * uint64_t(p.cols) + uint64_t(col));
+    add_dx_sums<T, kVec>(p, dy_drop, row, col, x_s + col, dy_s + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
   });
   const float a = block_sum(sum_dxhat, scratch) / float(p.cols);
   const float b = block_sum(sum_dxhat_xhat, scratch) / float(p.cols);
   for_all_own_pieces<T>(p.cols, [&](int64_t col) {
-    if constexpr (kDropout) {
-      store_dx_piece<T, kVec>(p, KeptScale{drop.scale}, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
-    } else {
-      store_dx_piece<T, kVec>(p, drop, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
-    }
+    store_dx_piece<T, kVec>(p, dy_drop, row, col, x_s + col, dy_s + col, mean, rstd, a, b);
   });
 }
 
