@@ -281,7 +281,6 @@ at::Tensor add_cuda(const at::Tensor& a, const at::Tensor& b) {
   p.a = ac.data_ptr();
   p.b = bc.data_ptr();
   p.out = out.data_ptr();
-  p.sm_count = sm_count(a.device().index());
   check_launch(cutlass_ext::add(p, current_stream(a.device())), op, "add");
   return out;
 }

@@ -235,22 +235,14 @@ struct BiasActBackwardFn {
 // ------------------------------------------------------------------------------------------------
 // add
 
-template <int kN, class T, int kVec>
-__device__ __forceinline__ void add_vectors(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
-                                            int64_t v, int64_t step) {
-  Pack<T, kVec> av[kN], bv[kN];
+template <class T, int kVec>
+__device__ __forceinline__ void add_vector(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                           int64_t v) {
+  const Pack<T, kVec> av = load_pack<T, kVec>(a + v * kVec), bv = load_pack<T, kVec>(b + v * kVec);
+  Pack<T, kVec> o;
 #pragma unroll
-  for (int u = 0; u < kN; ++u) {
-    av[u] = load_pack<T, kVec>(a + (v + u * step) * kVec);
-    bv[u] = load_pack<T, kVec>(b + (v + u * step) * kVec);
-  }
-#pragma unroll
-  for (int u = 0; u < kN; ++u) {
-    Pack<T, kVec> o;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) o.v[i] = T(float(av[u].v[i]) + float(bv[u].v[i]));
-    store_pack<T, kVec>(out + (v + u * step) * kVec, o);
-  }
+  for (int i = 0; i < kVec; ++i) o.v[i] = T(float(av.v[i]) + float(bv.v[i]));
+  store_pack<T, kVec>(out + v * kVec, o);
 }
 
 // One kVec-element vector per thread, a grid that covers the tensor; the numel % kVec tail goes
@@ -260,7 +252,7 @@ template <class T, int kVec>
 __global__ void __launch_bounds__(kThreads) add_kernel(const T* a, const T* b, T* out, int64_t n) {
   const int64_t vectors = n / kVec;
   const int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (v < vectors) add_vectors<1, T, kVec>(a, b, out, v, 0);
+  if (v < vectors) add_vector<T, kVec>(a, b, out, v);
   const int64_t tail = vectors * kVec + v;
   if (kVec > 1 && tail < n) out[tail] = T(float(a[tail]) + float(b[tail]));
 }

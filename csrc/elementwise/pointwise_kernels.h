@@ -65,7 +65,6 @@ struct AddParams {
   const void* a = nullptr;  // contiguous
   const void* b = nullptr;  // contiguous
   void* out = nullptr;      // contiguous
-  int sm_count = 1;
 };
 
 LaunchResult add(AddParams const& p, cudaStream_t stream);
