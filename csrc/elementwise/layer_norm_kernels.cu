@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "common/activation.h"
+#include "common/cluster_rows.cuh"
 #include "common/counter_rng.h"
 #include "common/device_utils.cuh"
 
@@ -19,14 +20,16 @@ namespace {
 //   nv <= 4, 8, 16, 32     kTpr = 4, 8, 16, 32, kVecs = 1     256-thread blocks, two rows per group
 //   nv <= 64, 128, 256     kTpr = 16, 32, 64, kVecs = 4       64-thread blocks (4, 2, 1 rows each)
 //   nv <= 512, 1024        kTpr = 128, 256, kVecs = 4         a block per row (bf16 C <= 8192)
-//   longer rows            a block per row. On the vector path, where the row fits in shared
-//                          memory (bf16/fp16 up to ~113K columns on Hopper), the row is copied
-//                          there once (cp.async) and both passes read it from there (one
+//   longer rows            on the vector path, a row of up to 64 KB is copied into one block's
+//                          shared memory once (cp.async) and both passes read it from there (one
 //                          statistics pass about a per-thread shift; 256-thread blocks where
-//                          four rows fit an SM, else 512); otherwise 512 threads and two passes over the row in
-//                          memory (the second mostly from L2), with statistics by exact
-//                          per-vector moments combined with Chan's formula, so a large mean does
-//                          not cancel the variance.
+//                          four rows fit an SM, else 512); a longer row is split over a cluster
+//                          of 2-8 blocks, each holding a slice in its shared memory (64 KB where
+//                          8 suffice), the slices' moments merged through distributed shared
+//                          memory. Otherwise a block per row, 512 threads and two passes over
+//                          the row in memory (the second mostly from L2), with statistics by
+//                          exact per-vector moments combined with Chan's formula, so a large
+//                          mean does not cancel the variance.
 // The backward holds one vector per thread (with_backward_row_config) up to nv = 1024.
 
 // kRows: rows per thread group (the forward kernel's; the backward kernels take one).
@@ -511,23 +514,27 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 //    common offset of the row cancels exactly as in the two-pass form;
 //  - pieces are read as raw words and converted when used, relu at compile time;
 //  - whether weight and bias exist is decided once per block, not per piece.
-template <class T, int kThreads, bool kRelu, bool kDropout>
-__global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
+// kCluster: the row is split over a cluster of CTAs (common/cluster_rows.cuh), `slice` columns
+// each; every CTA takes its slice's mean and squared deviations as above, and the slices'
+// moments are merged in rank order (Chan's formula) in every CTA alike.
+template <class T, int kThreads, bool kRelu, bool kDropout, bool kCluster>
+__device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const& p, int slice) {
   constexpr int kVec = vec_width<T>();
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
-  const int64_t row = blockIdx.x;
-  const int cols = int(p.cols);  // the row fits in shared memory
-  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
+  const int64_t row = kCluster ? cluster_row() : int64_t(blockIdx.x);
+  const int cols = int(p.cols);  // the row (or its slice) fits in shared memory
+  const RowSlice part = kCluster ? cluster_slice(p.cols, slice) : RowSlice{0, cols};
+  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld + part.begin, part.n);
 
   // The shift: this thread's first element (its round 0, in group 0; a thread with no piece at all
   // has nothing to sum).
   wait_row_group(0);
   const int own_first = int(threadIdx.x) * kVec;
-  const float shift = own_first < cols ? raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first), 0) : 0.f;
+  const float shift = own_first < part.n ? raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first), 0) : 0.f;
   float s1 = 0.f, s2 = 0.f;
   int count = 0;
-  for_own_pieces_landing<T>(p.cols, [&](int col) {
+  for_own_pieces_landing<T>(part.n, [&](int col) {
     const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -539,20 +546,39 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   });
   __shared__ float scratch[kThreads / 32];
   const float inv_cols = __frcp_rn(float(cols));
-  const float mean = group_sum<kThreads>(fmaf(float(count), shift, s1), scratch) * inv_cols;
-  const float delta = mean - shift;
-  const float own_m2 = fmaf(delta, fmaf(float(count), delta, -2.f * s1), s2);
-  const float rstd = rsqrtf(fmaxf(group_sum<kThreads>(own_m2, scratch) * inv_cols, 0.f) + p.eps);
-  if (threadIdx.x == 0) {
+  float mean, rstd;
+  if constexpr (kCluster) {
+    const float inv_n = part.n > 0 ? __frcp_rn(float(part.n)) : 0.f;
+    const float slice_mean = group_sum<kThreads>(fmaf(float(count), shift, s1), scratch) * inv_n;
+    const float delta = slice_mean - shift;
+    const float slice_m2 = group_sum<kThreads>(fmaf(delta, fmaf(float(count), delta, -2.f * s1), s2), scratch);
+    __shared__ Moments slot;
+    Moments parts[kMaxRowClusterRanks];
+    const int ranks = cluster_gather(Moments{float(part.n), slice_mean, fmaxf(slice_m2, 0.f)}, &slot, parts);
+    Moments total = parts[0];
+#pragma unroll
+    for (int r = 1; r < kMaxRowClusterRanks; ++r) {
+      if (r < ranks) total = merge(total, parts[r]);
+    }
+    mean = total.mean;
+    rstd = rsqrtf(total.m2 * inv_cols + p.eps);
+  } else {
+    mean = group_sum<kThreads>(fmaf(float(count), shift, s1), scratch) * inv_cols;
+    const float delta = mean - shift;
+    const float own_m2 = fmaf(delta, fmaf(float(count), delta, -2.f * s1), s2);
+    rstd = rsqrtf(fmaxf(group_sum<kThreads>(own_m2, scratch) * inv_cols, 0.f) + p.eps);
+  }
+  if (threadIdx.x == 0 && part.begin == 0) {
     p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
   const Dropout drop = Dropout::make<kDropout>(p.dropout);
-  const T* weight = static_cast<const T*>(p.weight);
-  const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y) + row * p.y_ld;
+  const T* weight = static_cast<const T*>(p.weight) + (p.weight != nullptr ? part.begin : 0);
+  const T* bias = static_cast<const T*>(p.bias) + (p.bias != nullptr ? part.begin : 0);
+  T* y = static_cast<T*>(p.y) + row * p.y_ld + part.begin;
+  const uint64_t first_index = uint64_t(row) * uint64_t(cols) + uint64_t(part.begin);
   auto normalize = [&](auto has_weight, auto has_bias) {
-    for_all_own_pieces<T>(p.cols, [&](int col) {
+    for_all_own_pieces<T>(part.n, [&](int col) {
       const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
       RawVec<T, kVec> w, b;
       if constexpr (decltype(has_weight)::value) {
@@ -570,17 +596,28 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
       for (int j = 0; j < kVec; ++j) {
         h[j] = fmaf((raw_input<kRelu>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
       }
-      if (drop.on) drop.apply<kVec>(h, uint64_t(row) * uint64_t(cols) + uint64_t(col));
+      if (drop.on) drop.apply<kVec>(h, first_index + uint64_t(col));
       store_vec<T, kVec>(y + col, h);
     });
   };
   using Yes = std::true_type;
   using No = std::false_type;
-  if (weight != nullptr) {
-    bias != nullptr ? normalize(Yes{}, Yes{}) : normalize(Yes{}, No{});
+  if (p.weight != nullptr) {
+    p.bias != nullptr ? normalize(Yes{}, Yes{}) : normalize(Yes{}, No{});
   } else {
-    bias != nullptr ? normalize(No{}, Yes{}) : normalize(No{}, No{});
+    p.bias != nullptr ? normalize(No{}, Yes{}) : normalize(No{}, No{});
   }
+  if constexpr (kCluster) cluster_release();
+}
+
+template <class T, int kThreads, bool kRelu, bool kDropout>
+__global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNormParams p) {
+  layer_norm_fwd_shared_row<T, kThreads, kRelu, kDropout, false>(p, int(p.cols));
+}
+
+template <class T, int kThreads, bool kRelu, bool kDropout>
+__global__ void __launch_bounds__(kThreads) layer_norm_fwd_cluster_kernel(LayerNormParams p, int slice) {
+  layer_norm_fwd_shared_row<T, kThreads, kRelu, kDropout, true>(p, slice);
 }
 
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
@@ -622,23 +659,43 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
   if (in_registers) return;
   int device = 0;
   if constexpr (kVec == vec_width<T>()) {
-    const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
-    if (rows_that_fit >= 1) {
-      const bool narrow = rows_that_fit >= kSharedNarrowMinRows;
+    // A cluster of `ranks` CTAs holding `slice` columns each, where the row is long; else one CTA
+    // per row where the row fits its shared memory.
+    auto launch_shared = [&](auto cluster, int ranks) {
+      constexpr bool kCluster = decltype(cluster)::value;
+      const int slice = kCluster ? row_cluster_slice(p.cols, ranks, kVec) : int(p.cols);
+      const bool narrow = shared_rows_that_fit<T>(slice, &device) >= kSharedNarrowMinRows;
+      // The kernel for a block size, relu and dropout.
+      auto of = [&](auto threads, auto relu, auto dropout) {
+        constexpr int kThreads = decltype(threads)::value;
+        constexpr bool kRelu = decltype(relu)::value, kDropout = decltype(dropout)::value;
+        if constexpr (kCluster) {
+          return layer_norm_fwd_cluster_kernel<T, kThreads, kRelu, kDropout>;
+        } else {
+          return layer_norm_fwd_shared_kernel<T, kThreads, kRelu, kDropout>;
+        }
+      };
+      using Narrow = std::integral_constant<int, kSharedNarrowThreads>;
+      using Wide = std::integral_constant<int, kLongThreads>;
       auto pick = [&](auto dropout) {
-        constexpr bool kDropout = decltype(dropout)::value;
-        return narrow ? (p.relu ? layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, true, kDropout>
-                                : layer_norm_fwd_shared_kernel<T, kSharedNarrowThreads, false, kDropout>)
-                      : (p.relu ? layer_norm_fwd_shared_kernel<T, kLongThreads, true, kDropout>
-                                : layer_norm_fwd_shared_kernel<T, kLongThreads, false, kDropout>);
+        return narrow ? (p.relu ? of(Narrow{}, std::true_type{}, dropout) : of(Narrow{}, std::false_type{}, dropout))
+                      : (p.relu ? of(Wide{}, std::true_type{}, dropout) : of(Wide{}, std::false_type{}, dropout));
       };
       auto kernel = p.dropout.seed != nullptr ? pick(std::true_type{}) : pick(std::false_type{});
-      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess) {
-        const size_t bytes = size_t(p.cols) * sizeof(T);
-        kernel<<<unsigned(p.rows), narrow ? kSharedNarrowThreads : kLongThreads, bytes, stream>>>(p);
-        return;
+      const int threads = narrow ? kSharedNarrowThreads : kLongThreads;
+      const size_t bytes = size_t(slice) * sizeof(T);
+      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) return false;
+      if constexpr (kCluster) {
+        return launch_row_clusters(kernel, p.rows, ranks, threads, bytes, stream, p, slice);
+      } else {
+        kernel<<<unsigned(p.rows), threads, bytes, stream>>>(p);
+        return true;
       }
-    }
+    };
+    const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
+    const int ranks = row_cluster_ranks(p.cols * int64_t(sizeof(T)), shared_budget_bytes(device), device);
+    if (ranks > 1 && launch_shared(std::true_type{}, ranks)) return;
+    if (rows_that_fit >= 1 && launch_shared(std::false_type{}, 1)) return;
   }
   auto kernel = p.dropout.seed != nullptr ? layer_norm_fwd_long_kernel<T, kVec, kLongThreads, true>
                                           : layer_norm_fwd_long_kernel<T, kVec, kLongThreads, false>;

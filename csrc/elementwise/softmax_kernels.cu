@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/cluster_rows.cuh"
 #include "common/device_utils.cuh"
 
 namespace cutlass_ext {
@@ -442,18 +443,21 @@ __global__ void __launch_bounds__(kLongThreads) softmax_backward_long_kernel(Sof
 
 // Rows in shared memory (vector path, one block per row): the (max, sum) pass starts on the
 // first column group while the others are still being copied in; the write pass reads the row
-// from shared memory, so x is read from memory once.
-template <class T>
-__global__ void __launch_bounds__(kLongThreads) softmax_shared_kernel(SoftmaxParams p) {
+// from shared memory, so x is read from memory once. kCluster: the row is split over a cluster of
+// CTAs, `slice` columns each (common/cluster_rows.cuh), whose (max, sum) pairs every CTA combines
+// in rank order.
+template <class T, bool kCluster>
+__device__ __forceinline__ void softmax_shared_row(SoftmaxParams const& p, int slice) {
   constexpr int kVec = vec_width<T>();
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
   __shared__ float scratch[32];
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
-  const int64_t row = blockIdx.x;
-  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld, p.cols);
+  const int64_t row = kCluster ? cluster_row() : int64_t(blockIdx.x);
+  const RowSlice part = kCluster ? cluster_slice(p.cols, slice) : RowSlice{0, int(p.cols)};
+  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld + part.begin, part.n);
 
   float m = -INFINITY, s = 0.f;
-  for_own_pieces_landing<T>(p.cols, [&](int64_t col) {
+  for_own_pieces_landing<T>(part.n, [&](int64_t col) {
     float v[kVec];
     load_vec<T, kVec>(row_s + col, v);
     float vmax = m;
@@ -468,17 +472,43 @@ __global__ void __launch_bounds__(kLongThreads) softmax_shared_kernel(SoftmaxPar
     for (int i = 0; i < kVec; ++i) s += exp_shifted(v[i], shift);
     m = vmax;
   });
-  const float block_m = block_max(m, scratch);
-  const float shift = shift_of(block_m);
-  const float inv = inverse_or_zero(block_sum(rescale(s, m, block_m), scratch));
-  T* y = static_cast<T*>(p.y) + row * p.y_ld;
-  for_all_own_pieces<T>(p.cols, [&](int64_t col) {
+  float row_max = block_max(m, scratch);
+  float sum = block_sum(rescale(s, m, row_max), scratch);
+  if constexpr (kCluster) {
+    __shared__ float2 slot;
+    float2 parts[kMaxRowClusterRanks];
+    const int ranks = cluster_gather(make_float2(row_max, sum), &slot, parts);
+#pragma unroll
+    for (int r = 0; r < kMaxRowClusterRanks; ++r) {
+      if (r < ranks) row_max = fmaxf(row_max, parts[r].x);
+    }
+    sum = 0.f;
+#pragma unroll
+    for (int r = 0; r < kMaxRowClusterRanks; ++r) {
+      if (r < ranks) sum += rescale(parts[r].y, parts[r].x, row_max);
+    }
+  }
+  const float shift = shift_of(row_max);
+  const float inv = inverse_or_zero(sum);
+  T* y = static_cast<T*>(p.y) + row * p.y_ld + part.begin;
+  for_all_own_pieces<T>(part.n, [&](int64_t col) {
     float v[kVec];
     load_vec<T, kVec>(row_s + col, v);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) v[i] = exp_shifted(v[i] * p.scale, shift) * inv;
     store_vec<T, kVec>(y + col, v);
   });
+  if constexpr (kCluster) cluster_release();
+}
+
+template <class T>
+__global__ void __launch_bounds__(kLongThreads) softmax_shared_kernel(SoftmaxParams p) {
+  softmax_shared_row<T, false>(p, int(p.cols));
+}
+
+template <class T>
+__global__ void __launch_bounds__(kLongThreads) softmax_cluster_kernel(SoftmaxParams p, int slice) {
+  softmax_shared_row<T, true>(p, slice);
 }
 
 // Split rows: grid (chunks, rows). The first kernel stores each chunk's partial; the second lets
@@ -555,11 +585,31 @@ struct ForwardOp {
   static auto long_kernel() { return softmax_long_kernel<T, kVec>; }
   static auto partial_kernel() { return softmax_partial_stats_kernel<T, kVec>; }
   static auto split_write_kernel() { return softmax_split_write_kernel<T, kVec>; }
-  // A row that fits in shared memory (vector path): read from memory once.
+  // A row in shared memory (vector path), read from memory once: in one CTA where it fits, else
+  // split over a cluster of CTAs; few rows (which the caller splits) over at least as many CTAs
+  // a row as the split would take. Measured on an H200 (bf16, bench/NOTES.md section 28): a
+  // 128 KB row in one CTA 147 us at 2048x65536 against 163 over two; 1024x131072 and 512x262144
+  // 237 and 224 us in two passes against 165 and 169 over four and eight; 64x262144 44 us split
+  // against 31 over eight.
   static bool launch_shared(SoftmaxParams const& p, cudaStream_t stream) {
     if constexpr (kVec == vec_width<T>()) {
       int device = 0;
-      if (shared_rows_that_fit<T>(p.cols, &device) < 1) return false;
+      const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
+      int ranks = rows_that_fit >= 1 && p.row_splits <= 1
+                      ? 1
+                      : row_cluster_ranks(p.cols * int64_t(sizeof(T)), shared_budget_bytes(device), device);
+      if (ranks >= 1 && p.row_splits > ranks) {
+        ranks = int(std::min<int64_t>(pow2_at_least(p.row_splits), row_cluster_limit(device)));
+      }
+      if (ranks > 1) {
+        auto kernel = softmax_cluster_kernel<T>;
+        const int slice = row_cluster_slice(p.cols, ranks, kVec);
+        if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess &&
+            launch_row_clusters(kernel, p.rows, ranks, kLongThreads, size_t(slice) * sizeof(T), stream, p, slice)) {
+          return true;
+        }
+      }
+      if (p.row_splits > 1 || rows_that_fit < 1) return false;
       auto kernel = softmax_shared_kernel<T>;
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) return false;
       kernel<<<unsigned(p.rows), kLongThreads, size_t(p.cols) * sizeof(T), stream>>>(p);
@@ -637,10 +687,12 @@ void launch_medium(typename Op::Params const& p, cudaStream_t stream) {
   return launch_row<Op, kVec, Op::kMaxElems>(p, stream);
 }
 
+// Rows in shared memory come first: split over a cluster, a row is read once, where the split
+// kernels read it twice (the caller's `partials` then go unused).
 template <class Op, int kVec>
 void launch_long(typename Op::Params const& p, cudaStream_t stream) {
+  if (Op::launch_shared(p, stream)) return;
   if (p.row_splits <= 1) {
-    if (Op::launch_shared(p, stream)) return;
     Op::long_kernel()<<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
     return;
   }

@@ -122,30 +122,65 @@ def test_every_row_config(device, dtype_name, cols):
     assert_close_to_reference(bare, ref_layer_norm(x, None, None), peer_layer_norm(x, None, None), dtype_name)
 
 
-# Rows too long for registers: read once through shared memory where the row fits there (the
-# vector path; 256-thread blocks where four rows fit an SM, as 8200 fp32 columns do, else 512),
-# else the two-pass kernels. The backward's dx kernel holds x and dy, twice the
-# forward's row. Hopper gives a block up to 227 KB: 65536 fp16 columns fit the forward only,
-# 65536 fp32 columns neither.
+# Rows too long for registers: read once through shared memory on the vector path. The forward holds
+# a row of up to 64 KB in one CTA (256-thread blocks where four rows fit an SM, as 8200 fp32 columns
+# do, else 512) and splits a longer one over a cluster of 2-8 CTAs (64 KB slices where 8 suffice,
+# up to ~226 KB each); CUTLASS_EXT_ROW_CLUSTER=1 keeps a row in one CTA where it fits, else two
+# passes over memory. The backward's dx kernel holds x and dy in one CTA where both fit, else two
+# passes. The scalar path always takes the two passes.
 @requires_cuda
-@pytest.mark.parametrize("dtype_name,cols,forward,backward", [
-    ("bf16", 16392, "shared", "shared"), ("fp16", 65536, "shared", "long"), ("fp32", 20000, "shared", "shared"),
-    ("fp32", 8200, "shared", "shared"),
-    ("fp32", 65536, "long", "long"), ("bf16", 20001, "long", "long")])
-def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, forward, backward):
+@pytest.mark.parametrize("dtype_name,cols,clusters,forward,backward", [
+    ("bf16", 16392, None, "shared", "shared"),
+    ("fp16", 65536, None, "cluster", "long"), ("fp16", 65536, "1", "shared", "long"),
+    ("fp32", 20000, None, "cluster", "shared"), ("fp32", 20000, "1", "shared", "shared"),
+    ("fp32", 8200, None, "shared", "shared"),
+    ("fp32", 65536, None, "cluster", "long"), ("fp32", 65536, "1", "long", "long"),
+    ("bf16", 262144, None, "cluster", "long"), ("fp32", 262144, None, "cluster", "long"),
+    ("bf16", 262144, "2", "long", "long"), ("bf16", 20001, None, "long", "long")])
+def test_long_rows_take_shared_memory_where_they_fit(monkeypatch, dtype_name, cols, clusters, forward, backward):
     dtype = DTYPES[dtype_name]
-    x = rand(7, cols, device="cuda", dtype=dtype, scale=2.0, offset=0.3)
+    rows = 3 if cols > 65536 else 7
+    x = rand(rows, cols, device="cuda", dtype=dtype, scale=2.0, offset=0.3)
     weight, bias = make_affine("both", cols, "cuda", dtype)
-    grad_out = rand(7, cols, device="cuda", dtype=dtype)
+    grad_out = rand(rows, cols, device="cuda", dtype=dtype)
     fn = lambda a, w, b: cutlass_ext.layer_norm(a, w, b, relu=True)  # noqa: E731
     grads_of(fn, [x, weight, bias], grad_out)  # loads the extension
+    if clusters is not None:
+        monkeypatch.setenv("CUTLASS_EXT_ROW_CLUSTER", clusters)
     torch.cuda.synchronize()
     (out, ours), names = cuda_kernels_run(lambda: grads_of(fn, [x, weight, bias], grad_out))
     forward_kernels = [n for n in names if "layer_norm_fwd" in n]
-    assert len(forward_kernels) == 1 and f"layer_norm_fwd_{forward}" in forward_kernels[0], names
+    assert len(forward_kernels) == 1 and f"layer_norm_fwd_{forward}_kernel" in forward_kernels[0], names
     dx_kernels = [n for n in names if "layer_norm_bwd_shared" in n or "layer_norm_bwd_long" in n]
-    assert len(dx_kernels) == 1 and f"layer_norm_bwd_{backward}" in dx_kernels[0], names
+    assert len(dx_kernels) == 1 and f"layer_norm_bwd_{backward}_kernel" in dx_kernels[0], names
     assert_relu_layer_norm_close(out, ours, x, weight, bias, grad_out, dtype_name)
+
+
+# The cluster kernels against the one-CTA kernels on the same rows: the same dropout mask (a
+# function of the element index), the same values up to the order of the row sums.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["fp16", "fp32"])
+def test_cluster_rows_match_one_block_rows(monkeypatch, dtype_name):
+    dtype = DTYPES[dtype_name]
+    cols = 40000 if dtype_name == "fp16" else 20000  # one CTA or a cluster of two in the forward
+    x = rand(5, cols, device="cuda", dtype=dtype, scale=3.0, offset=-0.5)
+    weight, bias = make_affine("both", cols, "cuda", dtype)
+    grad_out = rand(5, cols, device="cuda", dtype=dtype)
+    seed = torch.tensor([55555], dtype=torch.int64, device="cuda")
+    fn = lambda a, w, b: torch.ops.cutlass_ext.layer_norm(a, w, b, 1e-5, True, 0.2, seed)[0]  # noqa: E731
+    results = []
+    for clusters in ("8", "1"):
+        monkeypatch.setenv("CUTLASS_EXT_ROW_CLUSTER", clusters)
+        (out, grads), names = cuda_kernels_run(lambda: grads_of(fn, [x, weight, bias], grad_out))
+        assert any(("_cluster_kernel" in n) == (clusters == "8") for n in names if "layer_norm_fwd" in n), names
+        results.append((out, grads))
+    (out_c, grads_c), (out_1, grads_1) = results
+    assert torch.equal(out_c == 0, out_1 == 0)
+    tol = {"fp16": 2e-3, "fp32": 1e-5}[dtype_name]
+    torch.testing.assert_close(out_c, out_1, rtol=tol, atol=tol)
+    for name, c, one in zip(("dx", "dweight", "dbias"), grads_c, grads_1):
+        scale = one.abs().max().item()
+        torch.testing.assert_close(c.float(), one.float(), rtol=tol, atol=tol * scale, msg=name)
 
 
 LAYOUTS = {
@@ -351,12 +386,13 @@ def test_rng_counters_past_2_pow_32_repeat_as_documented():
         assert torch.equal(_rng.bits(seed, ((h + 1) << 32) + lo), _rng.bits(seed, (h << 32) + (lo + shift) % 2**32))
 
 
-# 16384 fp32 columns: a row in shared memory on CUDA. Odd lengths take the one-element path, whose
-# rows start at odd element numbers (the second half of a pair's hash); 8 and 512 bf16 columns the
-# 8-element vectors.
+# 16384 fp32 columns: a row in shared memory on CUDA, 100000 bf16 columns a row split over a
+# cluster of four CTAs. Odd lengths take the one-element path, whose rows start at odd element
+# numbers (the second half of a pair's hash); 8 and 512 bf16 columns the 8-element vectors.
 @pytest.mark.parametrize("dtype,cols", [(torch.float32, 7), (torch.float32, 512), (torch.float32, 4097),
                                         (torch.float32, 16384), (torch.bfloat16, 8), (torch.bfloat16, 512),
-                                        (torch.bfloat16, 1001)])
+                                        (torch.bfloat16, 1001),
+                                        pytest.param(torch.bfloat16, 100000, marks=requires_cuda)])
 def test_dropout_mask_matches_twin(device, dtype, cols):
     x = rand(24, cols, device=device, dtype=dtype)
     seed = torch.tensor([987654321987], dtype=torch.int64, device=device)
@@ -413,13 +449,15 @@ def test_dropout_edge_probabilities(device, monkeypatch):
     assert seeds == [None, None]
 
 
-@pytest.mark.parametrize("relu", [False, True])
 # 16392 columns: x and dy in shared memory on CUDA (the first pass zeroes dy's dropped elements
-# there, in fp32 and in bf16); 65536 fp32: the two-pass kernel.
+# there, in fp32 and in bf16); 65536 columns: the two-pass kernel (after a forward split over a
+# cluster of CTAs).
 @pytest.mark.parametrize("dtype_name,cols", [("fp32", 7), ("fp32", 1000),
                                              pytest.param("fp32", 16392, marks=requires_cuda),
                                              pytest.param("bf16", 16392, marks=requires_cuda),
+                                             pytest.param("bf16", 65536, marks=requires_cuda),
                                              pytest.param("fp32", 65536, marks=requires_cuda)])
+@pytest.mark.parametrize("relu", [False, True])
 def test_backward_with_dropout(device, dtype_name, cols, relu):
     dtype = DTYPES[dtype_name]
     rows = 48 if cols <= 1000 else 4

@@ -253,20 +253,32 @@ def test_forward_and_backward_are_one_kernel_each(cols):
     assert len(kernels) == 2, kernels  # no copies, no separate reductions
 
 
-# Long rows with a block each: read once through shared memory where the row fits there (the
-# vector path of a 16-bit row up to ~113K columns on Hopper), else the two-pass kernel.
+# Long rows, read once through shared memory on the vector path: a row in one CTA where it fits (a
+# 16-bit row up to ~113K columns on Hopper), else split over a cluster of 2-8 CTAs (64 KB slices
+# where 8 suffice); few rows over as many CTAs as the split path would take.
+# CUTLASS_EXT_ROW_CLUSTER=1 (or too small a cluster) leaves the rows that do not fit one CTA to two
+# passes over memory, split over blocks where rows are few; the scalar path always takes those.
 @requires_cuda
-@pytest.mark.parametrize("dtype_name,cols,path", [("bf16", 33000, "shared"), ("fp16", 65536, "shared"),
-                                                  ("fp32", 40000, "shared"), ("fp32", 65536, "long"),
-                                                  ("bf16", 33001, "long")])
-def test_long_rows_take_shared_memory_where_they_fit(dtype_name, cols, path):
+@pytest.mark.parametrize("dtype_name,rows,cols,clusters,path", [
+    ("bf16", 600, 33000, None, "shared"), ("fp16", 560, 65536, None, "shared"), ("fp32", 600, 40000, None, "shared"),
+    ("bf16", 560, 131072, None, "cluster"), ("bf16", 560, 131072, "1", "long"),
+    ("fp32", 600, 65536, None, "cluster"), ("fp32", 600, 65536, "1", "long"),
+    ("bf16", 64, 65536, None, "cluster"), ("bf16", 64, 65536, "1", "split"),
+    ("bf16", 2, 262144, None, "cluster"), ("bf16", 2, 262144, "2", "split"),
+    ("bf16", 600, 33001, None, "long")])
+def test_long_rows_take_shared_memory_where_they_fit(monkeypatch, dtype_name, rows, cols, clusters, path):
     dtype = DTYPES[dtype_name]
-    x = rand(600, cols, device="cuda", dtype=dtype)  # >= 4 rows per SM: no row splitting
+    x = rand(rows, cols, device="cuda", dtype=dtype)
     cutlass_ext.softmax(x)  # loads the extension
+    if clusters is not None:
+        monkeypatch.setenv("CUTLASS_EXT_ROW_CLUSTER", clusters)
     torch.cuda.synchronize()
     out, names = cuda_kernels_run(lambda: cutlass_ext.softmax(x, scale=0.5))
     names = [n for n in names if "softmax" in n]
-    assert len(names) == 1 and f"softmax_{path}_kernel" in names[0], names
+    if path == "split":
+        assert len(names) == 2 and "softmax_partial_stats_kernel" in names[0], names
+    else:
+        assert len(names) == 1 and f"softmax_{path}_kernel" in names[0], names
     assert_close_to_reference(out, ref_softmax(x, scale=0.5), peer_softmax(x, scale=0.5), dtype_name)
 
 
