@@ -23,10 +23,12 @@
 
 namespace cutlass_ext {
 
-constexpr int kMaxRowClusterRanks = 8;  // the portable cluster size limit
+// The largest cluster: the portable limit. Hopper allows 16 CTAs where a kernel opts in, but 16
+// slices of 32 KB measured slower than 8 of 64 KB (bench/NOTES.md section 28).
+constexpr int kMaxRowClusterRanks = 8;
 // A CTA's slice of a row is kept to this many bytes: three CTAs fit an SM's 227 KB, so one can
 // copy its next row in while the others compute and write. With one 128 KB row per CTA, one CTA
-// per SM, the SM's loads stop while it writes.
+// per SM, the SM's loads stop while it writes. 32 KB slices measured slower.
 constexpr int64_t kRowClusterSliceBytes = 64 * 1024;
 
 struct RowSlice {
@@ -55,26 +57,25 @@ __device__ __forceinline__ int64_t cluster_row() {
 #endif
 }
 
-// Every rank's `mine` (as passed by that rank's thread 0), in rank order, to every thread of every
-// rank; returns the number of ranks. `slot` is a __shared__ V of the kernel. Every thread of the
-// CTA must call it, once per kernel, and call cluster_release() later.
-template <class V>
-__device__ __forceinline__ int cluster_gather(V mine, V* slot, V (&all)[kMaxRowClusterRanks]) {
+// Every rank's `mine` (as passed by that rank's thread 0) folded in rank order, acc = fold(acc, v)
+// from `init`, so that every thread of every rank gets the same bits. `slot` is a __shared__ V of
+// the kernel. Every thread of the CTA must call it, once per kernel, and call cluster_release()
+// later.
+template <class V, class Fold>
+__device__ __forceinline__ V cluster_fold(V mine, V* slot, V init, Fold fold) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   if (threadIdx.x == 0) *slot = mine;
   cluster.sync();  // release/acquire: every rank's slot is written and visible
   const int ranks = int(cluster.num_blocks());
-#pragma unroll
-  for (int r = 0; r < kMaxRowClusterRanks; ++r) {
-    if (r < ranks) all[r] = *cluster.map_shared_rank(slot, r);
-  }
+  V acc = init;
+  for (int r = 0; r < ranks; ++r) acc = fold(acc, *cluster.map_shared_rank(slot, r));
   cluster.barrier_arrive();  // this CTA is done reading the others' slots
-  return ranks;
+  return acc;
 #else
   __trap();
-  return 0;
+  return init;
 #endif
 }
 

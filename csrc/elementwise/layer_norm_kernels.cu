@@ -553,13 +553,8 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
     const float delta = slice_mean - shift;
     const float slice_m2 = group_sum<kThreads>(fmaf(delta, fmaf(float(count), delta, -2.f * s1), s2), scratch);
     __shared__ Moments slot;
-    Moments parts[kMaxRowClusterRanks];
-    const int ranks = cluster_gather(Moments{float(part.n), slice_mean, fmaxf(slice_m2, 0.f)}, &slot, parts);
-    Moments total = parts[0];
-#pragma unroll
-    for (int r = 1; r < kMaxRowClusterRanks; ++r) {
-      if (r < ranks) total = merge(total, parts[r]);
-    }
+    const Moments total = cluster_fold(Moments{float(part.n), slice_mean, fmaxf(slice_m2, 0.f)}, &slot,
+                                       Moments{0.f, 0.f, 0.f}, [](Moments a, Moments b) { return merge(a, b); });
     mean = total.mean;
     rstd = rsqrtf(total.m2 * inv_cols + p.eps);
   } else {

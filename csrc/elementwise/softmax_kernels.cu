@@ -23,6 +23,12 @@ constexpr int kForwardMaxElems = 32;
 constexpr int kForwardScalarMaxElems = 16;
 constexpr int kBackwardMaxElems = 16;
 constexpr int64_t kForwardMaxRowCols = int64_t(kRowMaxThreads) * kForwardMaxElems;    // 32768
+// Forward rows longer than this go through shared memory where they can (16-byte vector path):
+// a block of 1024 threads with the row in registers spends its time in the block-wide reductions.
+// Measured on an H200 (bf16 unless said, bench/NOTES.md section 28), registers against shared
+// memory: 32768x8200 352 -> 316 us, 8192x16384 176 -> 135, 16384x12288 280 -> 206, 4096x32768
+// 265 -> 136, fp32 8192x16384 306 -> 265.
+constexpr int64_t kSharedRowsAbove = 8192;
 constexpr int64_t kBackwardMaxRowCols = int64_t(kRowMaxThreads) * kBackwardMaxElems;  // 16384
 // Long rows: 512 threads, each with 4 vector loads in flight per step (2 of dy and 2 of y in the
 // backward), which keeps them at 2 blocks per multiprocessor.
@@ -475,18 +481,15 @@ __device__ __forceinline__ void softmax_shared_row(SoftmaxParams const& p, int s
   float row_max = block_max(m, scratch);
   float sum = block_sum(rescale(s, m, row_max), scratch);
   if constexpr (kCluster) {
+    // (max, sum against shift(max)) pairs, combined as the long rows' steps are.
     __shared__ float2 slot;
-    float2 parts[kMaxRowClusterRanks];
-    const int ranks = cluster_gather(make_float2(row_max, sum), &slot, parts);
-#pragma unroll
-    for (int r = 0; r < kMaxRowClusterRanks; ++r) {
-      if (r < ranks) row_max = fmaxf(row_max, parts[r].x);
-    }
-    sum = 0.f;
-#pragma unroll
-    for (int r = 0; r < kMaxRowClusterRanks; ++r) {
-      if (r < ranks) sum += rescale(parts[r].y, parts[r].x, row_max);
-    }
+    const float2 total = cluster_fold(make_float2(row_max, sum), &slot, make_float2(-INFINITY, 0.f),
+                                      [](float2 a, float2 b) {
+                                        const float m = fmaxf(a.x, b.x);
+                                        return make_float2(m, rescale(a.y, a.x, m) + rescale(b.y, b.x, m));
+                                      });
+    row_max = total.x;
+    sum = total.y;
   }
   const float shift = shift_of(row_max);
   const float inv = inverse_or_zero(sum);
@@ -687,11 +690,9 @@ void launch_medium(typename Op::Params const& p, cudaStream_t stream) {
   return launch_row<Op, kVec, Op::kMaxElems>(p, stream);
 }
 
-// Rows in shared memory come first: split over a cluster, a row is read once, where the split
-// kernels read it twice (the caller's `partials` then go unused).
+// Rows that Op::launch_shared did not take (launch_paths asks it first).
 template <class Op, int kVec>
 void launch_long(typename Op::Params const& p, cudaStream_t stream) {
-  if (Op::launch_shared(p, stream)) return;
   if (p.row_splits <= 1) {
     Op::long_kernel()<<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
     return;
@@ -713,6 +714,7 @@ void launch_paths(typename Op::Params const& p, cudaStream_t stream) {
     if (p.cols > Op::kBlockRowsAbove && p.cols <= kWarpMaxCols) return launch_row<Op, kVec, 2 * kVec>(p, stream);
   }
   if (p.cols <= kWarpMaxCols) return launch_short<Op, kVec>(p, stream);
+  if (p.cols > kSharedRowsAbove && Op::launch_shared(p, stream)) return;
   if (p.cols <= Op::kMaxRowCols) return launch_medium<Op, kVec>(p, stream);
   launch_long<Op, kVec>(p, stream);
 }

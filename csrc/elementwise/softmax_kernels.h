@@ -7,7 +7,8 @@
 //
 // Paths, chosen by row length (softmax_kernels.cu has the thresholds):
 //   short rows:  a warp (or a power-of-two part of one) per row, the row in registers;
-//   medium rows: a block per row, the row in registers (x, or dy and y, read once);
+//   medium rows: a block per row, the row in registers (x, or dy and y, read once); the forward
+//                on the vector path only up to 8192 columns, longer rows as the long ones;
 //   long rows:   on the vector path, the row in one block's shared memory where it fits, else
 //                (and where rows are few) split over a cluster of blocks that hold a slice each
 //                in shared memory (Hopper): read once. Otherwise a block per row, a reduction pass

@@ -40,8 +40,9 @@ def grads_of(fn, x, grad_out):
 
 
 # name -> (builder of x given (device, dtype), cuda_only). Row lengths cross every path threshold:
-# <= 1024 warp rows, <= 16384 / 32768 block rows (backward / forward), longer rows (split across
-# blocks when there are few of them); aligned rows take 16-byte accesses, the others scalar ones.
+# <= 1024 warp rows, <= 16384 / 32768 block rows (backward / forward; the forward's aligned rows
+# only up to 8192, then shared memory), longer rows (split across blocks or a cluster when there
+# are few of them); aligned rows take 16-byte accesses, the others scalar ones.
 def _plain(*shape):
     return lambda d, t: rand(*shape, device=d, dtype=t)
 
@@ -54,6 +55,7 @@ CASES = {
     "1025": (_plain(20, 1025), False),
     "4097": (_plain(9, 4097), False),
     "8192": (_plain(6, 8192), False),
+    "8200": (_plain(5, 8200), False),
     "20000": (_plain(4, 20000), False),
     "20001": (_plain(3, 20001), False),
     "40000": (_plain(3, 40000), False),
@@ -253,13 +255,15 @@ def test_forward_and_backward_are_one_kernel_each(cols):
     assert len(kernels) == 2, kernels  # no copies, no separate reductions
 
 
-# Long rows, read once through shared memory on the vector path: a row in one CTA where it fits (a
-# 16-bit row up to ~113K columns on Hopper), else split over a cluster of 2-8 CTAs (64 KB slices
-# where 8 suffice); few rows over as many CTAs as the split path would take.
+# Rows over 8192 columns, read once through shared memory on the vector path: a row in one CTA where
+# it fits (a 16-bit row up to ~113K columns on Hopper), else split over a cluster of 2-8 CTAs (64 KB
+# slices where 8 suffice); few rows over as many CTAs as the split path would take. Up to 8192
+# columns a block holds the row in registers.
 # CUTLASS_EXT_ROW_CLUSTER=1 (or too small a cluster) leaves the rows that do not fit one CTA to two
 # passes over memory, split over blocks where rows are few; the scalar path always takes those.
 @requires_cuda
 @pytest.mark.parametrize("dtype_name,rows,cols,clusters,path", [
+    ("bf16", 600, 8192, None, "row"), ("bf16", 600, 8200, None, "shared"), ("fp32", 600, 16384, None, "shared"),
     ("bf16", 600, 33000, None, "shared"), ("fp16", 560, 65536, None, "shared"), ("fp32", 600, 40000, None, "shared"),
     ("bf16", 560, 131072, None, "cluster"), ("bf16", 560, 131072, "1", "long"),
     ("fp32", 600, 65536, None, "cluster"), ("fp32", 600, 65536, "1", "long"),
