@@ -4,11 +4,11 @@
 // shared memory, so the row is read from memory once, and the CTAs exchange their partial
 // statistics through distributed shared memory. Torch-free, CUDA only.
 //
-// Device side: cluster_slice() says which columns this CTA holds; cluster_gather() gives every
-// thread every rank's partial, in rank order, so all CTAs of a cluster combine them into the
-// same bits; cluster_release() must follow before the CTA exits (a CTA's shared memory has to
-// outlive the other ranks' reads of it). Host side: row_cluster_ranks() picks the cluster size,
-// launch_row_clusters() launches one cluster per row.
+// Device side: cluster_slice() says which columns this CTA holds; cluster_fold() folds every
+// rank's partial in rank order, so all CTAs of a cluster get the same bits; cluster_release()
+// must follow before the CTA exits (a CTA's shared memory has to outlive the other ranks' reads
+// of it). Host side: row_cluster_ranks() picks the cluster size, launch_row_clusters() launches
+// one cluster per row.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -79,7 +79,7 @@ __device__ __forceinline__ V cluster_fold(V mine, V* slot, V init, Fold fold) {
 #endif
 }
 
-// Waits until every rank has read this CTA's slot (see cluster_gather).
+// Waits until every rank has read this CTA's slot (see cluster_fold).
 __device__ __forceinline__ void cluster_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::this_cluster().barrier_wait();
@@ -114,7 +114,8 @@ inline bool device_has_clusters(int device) {
 }
 
 // The largest cluster a row may take: CUTLASS_EXT_ROW_CLUSTER (1, 2, 4 or 8; 1 keeps every row in
-// one CTA), default 8. Read on every call, so that a process can compare the paths.
+// one CTA), default (and for any other value) 8. Read on every call, so that a process can
+// compare the paths.
 inline int max_row_cluster_ranks() {
   const char* v = std::getenv("CUTLASS_EXT_ROW_CLUSTER");
   if (v == nullptr || *v == '\0') return kMaxRowClusterRanks;
@@ -124,13 +125,13 @@ inline int max_row_cluster_ranks() {
   return kMaxRowClusterRanks;
 }
 
+// The most CTAs a row may take on `device` (1 where it has no clusters).
+inline int row_cluster_limit(int device) { return device_has_clusters(device) ? max_row_cluster_ranks() : 1; }
+
 // How many CTAs share a row of `row_bytes` (for every buffer a CTA holds per column): 1 (no
 // cluster) for rows of at most kRowClusterSliceBytes, else the fewest ranks whose slices stay
 // within it, or the most ranks if their slices still fit `budget` bytes of shared memory; 0 when
 // not even those fit.
-// The most CTAs a row may take on `device` (1 where it has no clusters).
-inline int row_cluster_limit(int device) { return device_has_clusters(device) ? max_row_cluster_ranks() : 1; }
-
 inline int row_cluster_ranks(int64_t row_bytes, int64_t budget, int device) {
   if (row_bytes <= kRowClusterSliceBytes) return 1;
   const int most = row_cluster_limit(device);
