@@ -183,6 +183,24 @@ def test_cluster_rows_match_one_block_rows(monkeypatch, dtype_name):
         torch.testing.assert_close(c.float(), one.float(), rtol=tol, atol=tol * scale, msg=name)
 
 
+# Many rows of the cluster path, more clusters than fit the GPU at once (about 200 two-CTA or 50
+# eight-CTA clusters on an H100 or H200), with and without dropout.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name,rows,cols", [("bf16", 400, 65536), ("bf16", 150, 262144), ("fp32", 300, 32768)])
+def test_cluster_rows_many_rows(dtype_name, rows, cols):
+    dtype = DTYPES[dtype_name]
+    x = rand(rows, cols, device="cuda", dtype=dtype, scale=2.0, offset=0.3)
+    weight, bias = make_affine("both", cols, "cuda", dtype)
+    out = cutlass_ext.layer_norm(x, weight, bias, relu=True)
+    assert_close_to_reference(out, ref_layer_norm(x, weight, bias, relu=True),
+                              peer_layer_norm(x, weight, bias, relu=True), dtype_name)
+    seed = torch.tensor([2024], dtype=torch.int64, device="cuda")
+    dropped, _, _ = torch.ops.cutlass_ext.layer_norm(x, weight, bias, 1e-5, True, 0.25, seed)
+    keep = keep_mask(seed, x.shape, 0.25)
+    assert torch.equal(dropped != 0, keep & (out != 0))
+    torch.testing.assert_close(dropped[keep], (out[keep].float() / 0.75).to(dtype), rtol=1e-2, atol=1e-2)
+
+
 LAYOUTS = {
     "3d": lambda d, t: rand(3, 17, 200, device=d, dtype=t),
     # A column slice of a wider tensor: row stride 264 > C, base 8 elements in.
