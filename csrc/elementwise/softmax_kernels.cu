@@ -514,6 +514,56 @@ __global__ void __launch_bounds__(kLongThreads) softmax_cluster_kernel(SoftmaxPa
   softmax_shared_row<T, true>(p, slice);
 }
 
+// The backward's rows in shared memory (vector path, one block per row or a cluster of blocks
+// holding `slice` columns each): dy and y are copied in once, the sum of dy * y starts on the first
+// column group while the rest land, and dx is written from shared memory, so dy and y are read
+// from memory once (the two-pass kernels read them twice).
+template <class T, bool kCluster>
+__device__ __forceinline__ void softmax_backward_shared_row(SoftmaxBackwardParams const& p, int slice) {
+  constexpr int kVec = vec_width<T>();
+  extern __shared__ __align__(16) unsigned char shared_row_raw[];
+  __shared__ float scratch[32];
+  const int64_t row = kCluster ? cluster_row() : int64_t(blockIdx.x);
+  const RowSlice part = kCluster ? cluster_slice(p.cols, slice) : RowSlice{0, int(p.cols)};
+  T* dy_s = reinterpret_cast<T*>(shared_row_raw);
+  T* y_s = dy_s + (kCluster ? slice : p.cols);  // a multiple of kVec: 16-byte aligned
+  copy_row_pair_async(dy_s, static_cast<const T*>(p.grad) + row * p.grad_ld + part.begin, y_s,
+                      static_cast<const T*>(p.y) + row * p.y_ld + part.begin, part.n);
+  float dot = 0.f;
+  for_own_pieces_landing<T>(part.n, [&](int64_t col) {
+    float g[kVec], o[kVec];
+    load_vec<T, kVec>(dy_s + col, g);
+    load_vec<T, kVec>(y_s + col, o);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) dot = fmaf(g[i], o[i], dot);
+  });
+  dot = block_sum(dot, scratch);
+  if constexpr (kCluster) {
+    __shared__ float slot;
+    dot = cluster_fold(dot, &slot, 0.f, [](float a, float b) { return a + b; });
+  }
+  T* dx = static_cast<T*>(p.grad_input) + row * p.grad_input_ld + part.begin;
+  for_all_own_pieces<T>(part.n, [&](int64_t col) {
+    float g[kVec], o[kVec];
+    load_vec<T, kVec>(dy_s + col, g);
+    load_vec<T, kVec>(y_s + col, o);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) g[i] = p.scale * o[i] * (g[i] - dot);
+    store_vec<T, kVec>(dx + col, g);
+  });
+  if constexpr (kCluster) cluster_release();
+}
+
+template <class T>
+__global__ void __launch_bounds__(kLongThreads) softmax_backward_shared_kernel(SoftmaxBackwardParams p) {
+  softmax_backward_shared_row<T, false>(p, int(p.cols));
+}
+
+template <class T>
+__global__ void __launch_bounds__(kLongThreads) softmax_backward_cluster_kernel(SoftmaxBackwardParams p, int slice) {
+  softmax_backward_shared_row<T, true>(p, slice);
+}
+
 // Split rows: grid (chunks, rows). The first kernel stores each chunk's partial; the second lets
 // every block combine its row's partials (lane-strided, then a fixed shuffle tree, so every block
 // gets identical bits) and writes its chunk.
@@ -573,6 +623,38 @@ softmax_backward_split_write_kernel(SoftmaxBackwardParams p, int64_t chunk) {
 // ---------------------------------------------------------------------------------------------
 // Host launchers. One template per path serves forward and backward: Op supplies the kernels.
 
+// Rows in shared memory (vector path), `buffers` rows of T per row (x; or dy and y), read from
+// memory once: in one block where they fit, else split over a cluster of blocks; few rows (which
+// the caller splits) over at least as many blocks a row as the split would take. false where
+// neither applies (the caller then runs the two-pass or split kernels). Measured on an H200 (bf16,
+// forward, bench/NOTES.md section 28): a 128 KB row in one block 147 us at 2048x65536 against 163
+// over two; 1024x131072 and 512x262144 237 and 224 us in two passes against 165 and 169 over four
+// and eight; 64x262144 44 us split against 31 over eight.
+template <class T, class Params>
+bool launch_shared_rows(Params const& p, int buffers, void (*single)(Params), void (*cluster)(Params, int),
+                        cudaStream_t stream) {
+  int device = 0;
+  const int64_t rows_that_fit = shared_rows_that_fit<T>(buffers * p.cols, &device);
+  int ranks = rows_that_fit >= 1 && p.row_splits <= 1
+                  ? 1
+                  : row_cluster_ranks(buffers * p.cols * int64_t(sizeof(T)), shared_budget_bytes(device), device);
+  if (ranks >= 1 && p.row_splits > ranks) {
+    ranks = int(std::min<int64_t>(pow2_at_least(p.row_splits), row_cluster_limit(device)));
+  }
+  if (ranks > 1) {
+    const int slice = row_cluster_slice(p.cols, ranks, vec_width<T>());
+    const size_t bytes = size_t(buffers) * size_t(slice) * sizeof(T);
+    if (allow_large_dynamic_shared(reinterpret_cast<const void*>(cluster), device) == cudaSuccess &&
+        launch_row_clusters(cluster, p.rows, ranks, kLongThreads, bytes, stream, p, slice)) {
+      return true;
+    }
+  }
+  if (p.row_splits > 1 || rows_that_fit < 1) return false;
+  if (allow_large_dynamic_shared(reinterpret_cast<const void*>(single), device) != cudaSuccess) return false;
+  single<<<unsigned(p.rows), kLongThreads, size_t(buffers) * size_t(p.cols) * sizeof(T), stream>>>(p);
+  return true;
+}
+
 template <class T, int kVec>
 struct ForwardOp {
   using Params = SoftmaxParams;
@@ -588,35 +670,11 @@ struct ForwardOp {
   static auto long_kernel() { return softmax_long_kernel<T, kVec>; }
   static auto partial_kernel() { return softmax_partial_stats_kernel<T, kVec>; }
   static auto split_write_kernel() { return softmax_split_write_kernel<T, kVec>; }
-  // A row in shared memory (vector path), read from memory once: in one CTA where it fits, else
-  // split over a cluster of CTAs; few rows (which the caller splits) over at least as many CTAs
-  // a row as the split would take. Measured on an H200 (bf16, bench/NOTES.md section 28): a
-  // 128 KB row in one CTA 147 us at 2048x65536 against 163 over two; 1024x131072 and 512x262144
-  // 237 and 224 us in two passes against 165 and 169 over four and eight; 64x262144 44 us split
-  // against 31 over eight.
+  // Rows over this many columns try shared memory first (launch_shared_rows).
+  static constexpr int64_t kSharedAbove = kSharedRowsAbove;
   static bool launch_shared(SoftmaxParams const& p, cudaStream_t stream) {
     if constexpr (kVec == vec_width<T>()) {
-      int device = 0;
-      const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
-      int ranks = rows_that_fit >= 1 && p.row_splits <= 1
-                      ? 1
-                      : row_cluster_ranks(p.cols * int64_t(sizeof(T)), shared_budget_bytes(device), device);
-      if (ranks >= 1 && p.row_splits > ranks) {
-        ranks = int(std::min<int64_t>(pow2_at_least(p.row_splits), row_cluster_limit(device)));
-      }
-      if (ranks > 1) {
-        auto kernel = softmax_cluster_kernel<T>;
-        const int slice = row_cluster_slice(p.cols, ranks, kVec);
-        if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess &&
-            launch_row_clusters(kernel, p.rows, ranks, kLongThreads, size_t(slice) * sizeof(T), stream, p, slice)) {
-          return true;
-        }
-      }
-      if (p.row_splits > 1 || rows_that_fit < 1) return false;
-      auto kernel = softmax_shared_kernel<T>;
-      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) return false;
-      kernel<<<unsigned(p.rows), kLongThreads, size_t(p.cols) * sizeof(T), stream>>>(p);
-      return true;
+      return launch_shared_rows<T>(p, 1, softmax_shared_kernel<T>, softmax_cluster_kernel<T>, stream);
     }
     return false;
   }
@@ -635,7 +693,15 @@ struct BackwardOp {
   static auto long_kernel() { return softmax_backward_long_kernel<T, kVec>; }
   static auto partial_kernel() { return softmax_backward_partial_dot_kernel<T, kVec>; }
   static auto split_write_kernel() { return softmax_backward_split_write_kernel<T, kVec>; }
-  static bool launch_shared(SoftmaxBackwardParams const&, cudaStream_t) { return false; }
+  // The backward keeps its register rows (dy and y) up to kBackwardMaxRowCols columns.
+  static constexpr int64_t kSharedAbove = kBackwardMaxRowCols;
+  static bool launch_shared(SoftmaxBackwardParams const& p, cudaStream_t stream) {
+    if constexpr (kVec == vec_width<T>()) {
+      return launch_shared_rows<T>(p, 2, softmax_backward_shared_kernel<T>, softmax_backward_cluster_kernel<T>,
+                                   stream);
+    }
+    return false;
+  }
 };
 
 template <class Op, int kVec, int kLanes, int kPacks>
@@ -714,7 +780,7 @@ void launch_paths(typename Op::Params const& p, cudaStream_t stream) {
     if (p.cols > Op::kBlockRowsAbove && p.cols <= kWarpMaxCols) return launch_row<Op, kVec, 2 * kVec>(p, stream);
   }
   if (p.cols <= kWarpMaxCols) return launch_short<Op, kVec>(p, stream);
-  if (p.cols > kSharedRowsAbove && Op::launch_shared(p, stream)) return;
+  if (p.cols > Op::kSharedAbove && Op::launch_shared(p, stream)) return;
   if (p.cols <= Op::kMaxRowCols) return launch_medium<Op, kVec>(p, stream);
   launch_long<Op, kVec>(p, stream);
 }

@@ -7,15 +7,16 @@
 //
 // Paths, chosen by row length (softmax_kernels.cu has the thresholds):
 //   short rows:  a warp (or a power-of-two part of one) per row, the row in registers;
-//   medium rows: a block per row, the row in registers (x, or dy and y, read once); the forward
-//                on the vector path only up to 8192 columns, longer rows as the long ones;
-//   long rows:   on the vector path, the row in one block's shared memory where it fits, else
-//                (and where rows are few) split over a cluster of blocks that hold a slice each
-//                in shared memory (Hopper): read once. Otherwise a block per row, a reduction pass
-//                then a write pass (reads the row twice); with few rows each row is split over
-//                `row_splits` blocks: a first kernel writes per-chunk partials to `partials`, a
-//                second combines them in a fixed order and writes its chunk (deterministic, no
-//                atomics).
+//   medium rows: a block per row, the row in registers (x, or dy and y, read once); on the vector
+//                path only up to 8192 columns (forward) and 16384 (backward), longer rows as the
+//                long ones;
+//   long rows:   on the vector path, the row (x, or dy and y) in one block's shared memory where
+//                it fits, else (and where rows are few) split over a cluster of blocks that hold a
+//                slice each in shared memory (Hopper): read once. Otherwise a block per row, a
+//                reduction pass then a write pass (reads the row twice); with few rows each row is
+//                split over `row_splits` blocks: a first kernel writes per-chunk partials to
+//                `partials`, a second combines them in a fixed order and writes its chunk
+//                (deterministic, no atomics).
 // 16-byte vector accesses when every base is 16-byte aligned and cols and the row strides are
 // multiples of the vector width; scalar accesses otherwise.
 #pragma once

@@ -286,6 +286,36 @@ def test_long_rows_take_shared_memory_where_they_fit(monkeypatch, dtype_name, ro
     assert_close_to_reference(out, ref_softmax(x, scale=0.5), peer_softmax(x, scale=0.5), dtype_name)
 
 
+# The backward keeps dy and y in registers up to 16384 columns; longer rows go through shared memory
+# as the forward's do (dy and y together: one block where both fit, else a cluster of blocks; few
+# rows over as many blocks as the split would take), else two passes over memory.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name,rows,cols,clusters,path", [
+    ("bf16", 600, 16384, None, "row"), ("bf16", 600, 33000, None, "shared"), ("fp32", 600, 20000, None, "shared"),
+    ("bf16", 600, 65536, None, "cluster"), ("bf16", 600, 65536, "1", "long"),
+    ("bf16", 4, 65536, None, "cluster"), ("bf16", 4, 65536, "1", "split"),
+    ("fp32", 2, 262144, None, "split"), ("bf16", 600, 33001, None, "long")])
+def test_long_rows_backward_take_shared_memory_where_they_fit(monkeypatch, dtype_name, rows, cols, clusters, path):
+    dtype = DTYPES[dtype_name]
+    x = rand(rows, cols, device="cuda", dtype=dtype, scale=2.0)
+    grad_out = rand(rows, cols, device="cuda", dtype=dtype)
+    grads_of(lambda a: cutlass_ext.softmax(a, scale=0.5), x, grad_out)  # loads the extension
+    if clusters is not None:
+        monkeypatch.setenv("CUTLASS_EXT_ROW_CLUSTER", clusters)
+    torch.cuda.synchronize()
+    (_, ours), names = cuda_kernels_run(lambda: grads_of(lambda a: cutlass_ext.softmax(a, scale=0.5), x, grad_out))
+    names = [n for n in names if "softmax_backward" in n]
+    if path == "split":
+        assert len(names) == 2 and "softmax_backward_partial_dot_kernel" in names[0], names
+    else:
+        assert len(names) == 1 and f"softmax_backward_{path}_kernel" in names[0], names
+    xd = x.double().requires_grad_()
+    ref = torch.autograd.grad(ref_softmax(xd, scale=0.5), xd, grad_out.double())[0]
+    xp = x.detach().requires_grad_()
+    peer = torch.autograd.grad(peer_softmax(xp, scale=0.5), xp, grad_out)[0]
+    assert_close_to_reference(ours, ref, peer, dtype_name, what="dx")
+
+
 # ------------------------------------------------------------------------------------------------
 # torch.library.opcheck, torch.compile, CUDA graphs, streams
 
