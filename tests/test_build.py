@@ -325,6 +325,21 @@ print("C++ autograd on CPU: ok")
 
 
 @pytest.mark.skipif(not _toolchain_available(), reason="needs nvcc, CUTLASS headers and a C++ compiler")
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_row_cluster_helpers_compile_for_every_arch(tmp_path, arch):
+    """common/cluster_rows.cuh calls Hopper-only cluster intrinsics behind arch guards: the units
+    that include it must still compile for sm_80 (CUTLASS_EXT_ARCH=80), where its kernels trap and
+    are never launched."""
+    root = Path(__file__).resolve().parent.parent
+    nvcc = _build.find_cuda_home() / "bin" / "nvcc"
+    includes = [f"-I{root / 'csrc'}", *(f"-I{d}" for d in _build.find_cutlass().include_dirs)]
+    cmd = [str(nvcc), "-std=c++17", "--expt-relaxed-constexpr", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+           *includes, "-c", str(root / "tests" / "cpp" / "cluster_rows_archs.cu"), "-o", str(tmp_path / "unit.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.mark.skipif(not _toolchain_available(), reason="needs nvcc, CUTLASS headers and a C++ compiler")
 def test_selective_build_compiles_and_imports(tmp_path):
     """A real build of two kernels plus the binding, in a subprocess; loading the library (no GPU
     needed) registers the CUDA kernels of the ops with the dispatcher."""
