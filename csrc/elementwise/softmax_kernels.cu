@@ -748,7 +748,8 @@ void launch_row(typename Op::Params const& p, cudaStream_t stream) {
 
 // Forward: 16 elements per thread (at most 32 registers, so 2048 threads and 64 KB of loads in
 // flight per multiprocessor), 32 for rows longer than 16384. Backward: 8 of dy and 8 of y per
-// thread, 16 for rows longer than 8192.
+// thread, 16 for rows longer than 8192. The forward's vector-path rows over kSharedRowsAbove
+// columns come here only where launch_shared_rows could not launch (shared memory refused).
 template <class Op, int kVec>
 void launch_medium(typename Op::Params const& p, cudaStream_t stream) {
   constexpr int kElems = Op::kMaxElems / 2;

@@ -17,6 +17,7 @@ __global__ void cluster_rows_kernel(float* out, int64_t cols, int slice) {
 
 bool launch_cluster_rows_kernel(float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
   int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
   const int ranks = cutlass_ext::row_cluster_ranks(cols * 4, cutlass_ext::shared_budget_bytes(device), device);
   return ranks > 1 && cutlass_ext::launch_row_clusters(cluster_rows_kernel, rows, ranks, 128, 0, stream, out, cols,
                                                        cutlass_ext::row_cluster_slice(cols, ranks, 4));
