@@ -146,6 +146,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
   }
   at::Tensor u_t;  // [r, M]
   if (need_x || need_A) u_t = mm(lora_B.t().contiguous(), dz.t(), opts);
+  // dB reads dz right after U does, while dz is still in L2 (a [rows, out] gradient of up to
+  // tens of MB fits); after the dx GEMM, which streams the weight through L2, it came from memory.
+  at::Tensor dB = need_B ? mm(t, dz, opts, float(scaling)).t().contiguous() : at::empty({0}, options);
 
   at::Tensor dx;
   if (need_x) {
@@ -162,7 +165,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
     dx = dx.view(x.sizes());
   }
   at::Tensor dA = need_A ? mm(u_t, dropped(x2, dropout_p, seed, op), opts, float(scaling)) : at::empty({0}, options);
-  at::Tensor dB = need_B ? mm(t, dz, opts, float(scaling)).t().contiguous() : at::empty({0}, options);
   at::Tensor dW = need_weight ? mm(dz.t(), x2, opts) : at::empty({0}, options);
   return {or_empty(dx, options), dW, dA, dB, or_empty(dbias, options)};
 }
