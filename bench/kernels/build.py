@@ -54,6 +54,29 @@ VARIANTS = {
                                 "cute::Shape<cute::_128, cute::_64>>",
     "pp128_ep64x64_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kPlain, 0, "
                            "cute::Shape<cute::_64, cute::_64>>",
+    # The library's bundle (bias, run-time activation) on the cooperative 128x256 and 256x128 tiles.
+    "library_coop128x256_2x1": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
+                               "cutlass::layout::ColumnMajor, false, false, false, 128, 256, 64, 2, 1, "
+                               f"{COOPERATIVE}, ::cutlass_ext::sm90::PersistentScheduler>",
+    "library_coop128x256_1x2": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
+                               "cutlass::layout::ColumnMajor, false, false, false, 128, 256, 64, 1, 2, "
+                               f"{COOPERATIVE}, ::cutlass_ext::sm90::PersistentScheduler>",
+    "library_coop256x128_1x2": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
+                               "cutlass::layout::ColumnMajor, false, false, false, 256, 128, 64, 1, 2, "
+                               f"{COOPERATIVE}, ::cutlass_ext::sm90::PersistentScheduler>",
+    "library_pp128_2x1": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
+                         "cutlass::layout::ColumnMajor, false, false, false, 128, 128, 64, 2, 1, "
+                         f"{PINGPONG}, ::cutlass_ext::sm90::PersistentScheduler>",
+    # The mainloop alone (plain epilogue) in other tile depths, clusters and warpgroup tilings.
+    "pp128_k128_plain": f"{KB}::Variant<128, 128, 128, 1, 2, {PINGPONG}, {KB}::kPlain>",
+    "pp128_2x1_plain": f"{KB}::Variant<128, 128, 64, 2, 1, {PINGPONG}, {KB}::kPlain>",
+    "pp128_1x1_plain": f"{KB}::Variant<128, 128, 64, 1, 1, {PINGPONG}, {KB}::kPlain>",
+    "pp64x256_1x2_plain": f"{KB}::Variant<64, 256, 64, 1, 2, {PINGPONG}, {KB}::kPlain>",
+    "pp64x256_2x1_plain": f"{KB}::Variant<64, 256, 64, 2, 1, {PINGPONG}, {KB}::kPlain>",
+    "coop256x128_1x2_plain": f"{KB}::Variant<256, 128, 64, 1, 2, {COOPERATIVE}, {KB}::kPlain>",
+    "coop256x128_2x1_plain": f"{KB}::Variant<256, 128, 64, 2, 1, {COOPERATIVE}, {KB}::kPlain>",
+    "coop128x256_1x2_plain": f"{KB}::Variant<128, 256, 64, 1, 2, {COOPERATIVE}, {KB}::kPlain>",
+    "coop128x256_2x1_plain": f"{KB}::Variant<128, 256, 64, 2, 1, {COOPERATIVE}, {KB}::kPlain>",
     # Stores straight from the accumulator registers (matmul only).
     "pp128_nosmem_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {KB}::NoSmem<{PINGPONG}>, {KB}::kPlain>",
     "coop128_2x1_nosmem_plain": f"{KB}::Variant<128, 128, 64, 2, 1, {KB}::NoSmem<{COOPERATIVE}>, {KB}::kPlain>",
