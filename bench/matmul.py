@@ -7,6 +7,7 @@ Writes bench/results/matmul-<device>.json; ratios are cuBLAS time / ours (>1: we
 
     python bench/matmul.py
     python bench/matmul.py --dtypes bf16 --sets square
+    python bench/matmul.py --graphs          # CUDA-graph replays: the GPU time without the host's
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, write_results  # noqa: E402
+from _common import Timer, geomean, graphed, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -33,12 +34,17 @@ def shape_sets():
     return {"square": square, "llm": llm, "batched": batched}
 
 
+def providers(a, b, config):
+    return {"cutlass_ext": lambda: cutlass_ext.matmul(a, b, config=config), "cublas": lambda: torch.matmul(a, b)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="bf16,fp16,tf32")
     parser.add_argument("--sets", default="square,llm,batched")
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -53,11 +59,13 @@ def main(argv=None) -> int:
                 lead = (batch,) if batch else ()
                 a = torch.randn(*lead, m, k, device="cuda", dtype=dtype)
                 b = torch.randn(*lead, k, n, device="cuda", dtype=dtype) / k**0.5
+                cases = providers(a, b, args.config)
                 with torch.no_grad():
-                    times = timer.median_us_many({
-                        "cutlass_ext": lambda: cutlass_ext.matmul(a, b, config=args.config),
-                        "cublas": lambda: torch.matmul(a, b),
-                    })
+                    if args.graphs:
+                        cases = {name: graphed(name, fn) for name, fn in cases.items()}
+                    if None in cases.values():  # graphed() said which provider could not be captured
+                        continue
+                    times = timer.median_us_many(cases)
                 flops = 2 * max(batch, 1) * m * n * k
                 ratio = times["cublas"] / times["cutlass_ext"]
                 rows.append({"dtype": dtype_name, "set": set_name, "batch": batch, "M": m, "K": k, "N": n,
@@ -66,7 +74,7 @@ def main(argv=None) -> int:
                 print(f"{set_name:8s} {batch:3d} {m:6d} {k:6d} {n:6d}  ours {times['cutlass_ext']:9.1f}  "
                       f"cublas {times['cublas']:9.1f}  ({ratio:4.2f})  {flops / times['cutlass_ext'] / 1e6:6.1f}",
                       flush=True)
-                del a, b
+                del a, b, cases
     summary = {}
     for dtype_name in args.dtypes.split(","):
         mine = [r for r in rows if r["dtype"] == dtype_name]
@@ -78,7 +86,8 @@ def main(argv=None) -> int:
         s = summary[dtype_name]
         print(f"{dtype_name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS; min at >= 4096^3: "
               f"{s['min_at_4096_cubed_and_up']}; shapes below 1.0x: {len(s['misses'])}")
-    path = write_results("matmul", {"config": args.config, "rows": rows, "summary": summary}, args.out)
+    path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "rows": rows, "summary": summary},
+                         args.out)
     print(f"wrote {path}")
     return 0
 

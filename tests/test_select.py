@@ -71,14 +71,14 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
     return [line(kern) for kern in direct + transposed]
 
 
-def pick(driver, m, k, n, *, aux=False, extk=False, dtype="bf16", b_major="k") -> tuple[str, int]:
-    """(config, split count) the heuristic picks for an m x k -> n forward on SMS SMs, with N and K
-    padded to 16 bytes as the binding passes them."""
+def pick(driver, m, k, n, *, aux=False, extk=False, dtype="bf16", b_major="k", a_major="k", batch=1) -> tuple[str, int]:
+    """(config, split count) the heuristic picks for an m x k -> n forward (``batch`` of them) on
+    SMS SMs, with N and K padded to 16 bytes as the binding passes them."""
     align = 4 if dtype == "tf32" else 8
     n_p, k_p = math.ceil(n / align) * align, math.ceil(k / align) * align
     element_size = 4 if dtype == "tf32" else 2
-    query = f"query {m} {n_p} {k_p} 1 {SMS} {int(extk)} {element_size}"
-    lines = candidate_lines(k_p, aux, dtype, "k", b_major) + [query]
+    query = f"query {m} {n_p} {k_p} {batch} {SMS} {int(extk)} {element_size}"
+    lines = candidate_lines(k_p, aux, dtype, a_major, b_major) + [query]
     out = subprocess.run([str(driver)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
     config, splits = out.stdout.split()
     return config, int(splits)
@@ -153,6 +153,30 @@ def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds(driver):
         takes_wide = math.ceil(count / wide_ctas) <= math.ceil(count / dp_ctas)
         config, _ = pick(driver, 1024, 512, 128 * n_tiles)
         assert config == ("128x128_2x2_pp" if takes_wide else "128x128_1x2_pp"), (count, config)
+
+
+def test_hopper_config_names_carry_their_cluster_shape():
+    # The heuristic reads a non-transposed Hopper config's cluster shape from its name.
+    for cfg in _kernel_table.all_configs():
+        if isinstance(cfg, _kernel_table.GemmConfig) and not cfg.transposed:
+            assert cfg.name.startswith(f"{cfg.tile_m}x{cfg.tile_n}_{cfg.cluster_m}x{cfg.cluster_n}_"), cfg.name
+
+
+@pytest.mark.parametrize("batch,m,k,n,b_major", [(32, 2048, 2048, 128, "n"), (8, 4096, 4096, 128, "n"),
+                                                 (32, 2048, 2048, 64, "n"), (1, 65536, 4096, 128, "k"),
+                                                 (4, 16384, 2048, 100, "k")])
+def test_one_column_tile_takes_no_cluster_along_n(driver, batch, m, k, n, b_major):
+    # One 128-wide column tile where the pick would be the ping-pong 1x2 cluster (half its CTAs
+    # would compute zero-filled columns): the widest transposed 64-row tile whose grid fills the SMs,
+    # or, for a layout without transposed kernels, the 1x1 stream-K config.
+    assert tiles(m, n, 128, 128) * batch >= SMS
+    config, _ = pick(driver, m, k, n, b_major=b_major, batch=batch)
+    fits = [t for t in TRANSPOSED if tiles(n, m, 64, t) * batch >= SMS]
+    assert config == TRANSPOSED[max(fits)], (config, fits)
+    config, _ = pick(driver, m, k, n, b_major="n", a_major="m", batch=batch)
+    assert config == "128x128_1x1_coop_sk", config
+    # Two column tiles keep the cluster.
+    assert pick(driver, m, k, 256, b_major=b_major, batch=batch)[0] in ("128x128_1x2_pp", "128x128_2x2_pp")
 
 
 def test_lora_products_keep_the_extended_k_config(driver):

@@ -3,6 +3,7 @@
 #include "bindings/gemm_select.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -61,6 +62,18 @@ constexpr int64_t kSubWaveTransposedMaxK = 4096;
 constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
 constexpr int64_t kLowKLongMaxRows = 8192;
+
+// CTAs of a cluster along the caller's N for a non-transposed Hopper config, from its name
+// ("<tile_m>x<tile_n>_<cluster_m>x<cluster_n>_...", the kernel table's convention, which
+// tests/test_select.py checks); 1 for every other kernel.
+int cluster_along_n(const GemmKernelEntry& e) {
+  int tm = 0, tn = 0, cm = 0, cn = 0;
+  if (e.transposed || e.family == nullptr || std::strcmp(e.family, "sm90") != 0 ||
+      std::sscanf(e.config, "%dx%d_%dx%d_", &tm, &tn, &cm, &cn) != 4) {
+    return 1;
+  }
+  return cn;
+}
 
 }  // namespace
 
@@ -237,6 +250,26 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       }
     }
     if (pick != nullptr) return pick;
+  }
+  // One column tile under clusters that span N (the 1x2 and 2x2 ping-pong configs): every
+  // cluster's second column of CTAs has no columns and runs its MMAs on zero-filled tiles, half
+  // the grid's work. The transposed 64-row tiles put the columns in their rows, no cluster: the
+  // widest whose grid fills the SMs; where the layout has none, the 1x1 stream-K config.
+  // Measured on an H200 (bf16, CUDA graphs, bench/NOTES.md section 31): [32, 2048, 2048] @
+  // [32, 2048, 128] 139.8 -> 89.1 us (cuBLAS 90.2), [8, 4096, 4096] @ [8, 4096, 128] 136.9 ->
+  // 86.0 (83.7), [32, 2048, 2048] @ [32, 2048, 64] 138.2 -> 83.2 (86.6); the stream-K config
+  // 96.3, 92.3 and 97.8.
+  if (best_dp != nullptr && !only_transposed && !with_extk_twin && dp_tiles >= sms && N <= best_dp->tile_n &&
+      cluster_along_n(*best_dp) > 1) {
+    const GemmKernelEntry* pick = nullptr;
+    for (const GemmKernelEntry* e : cutlass) {
+      if (e->transposed && !e->stream_k && e->tile_m == 64 && output_tiles(*e, M, N, L) >= sms &&
+          (pick == nullptr || e->tile_n > pick->tile_n)) {
+        pick = e;
+      }
+    }
+    if (pick != nullptr) return pick;
+    if (best_sk != nullptr) return best_sk;
   }
   // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
   // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K

@@ -968,6 +968,21 @@ def test_partial_second_wave_with_a_long_k_takes_stream_k(k):
 
 @requires_cuda
 @requires_sm90_path
+@pytest.mark.parametrize("n", [128, 72])
+def test_one_column_tile_takes_the_transposed_tile(n):
+    # [32, 1024, 2048] @ [32, 2048, n]: 256 output tiles of 128x128, one column tile each: the
+    # transposed 64-row tile instead of the 1x2 cluster, whose second CTA would have no columns
+    # (tests/test_select.py has the rule).
+    A = rand(32, 1024, 2048, device="cuda", dtype=torch.bfloat16)
+    B = rand(32, 2048, n, device="cuda", dtype=torch.bfloat16)
+    out, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
+    _, forced = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B, config="t64x128_pp"))
+    assert len(names) == 1 and names == forced, [n[:200] for n in names]
+    assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
+
+
+@requires_cuda
+@requires_sm90_path
 def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds():
     ext = cutlass_ext.build()
     wide_name, dp_name = "sm90_bf16_kk_bias_act_128x128_2x2_pp", "sm90_bf16_kk_bias_act_128x128_1x2_pp"
