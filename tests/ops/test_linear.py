@@ -977,7 +977,7 @@ def test_one_column_tile_takes_the_transposed_tile(n):
     B = rand(32, 2048, n, device="cuda", dtype=torch.bfloat16)
     out, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
     _, forced = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B, config="t64x128_pp"))
-    assert len(names) == 1 and names == forced, [n[:200] for n in names]
+    assert len(names) == 1 and names == forced, [name[:200] for name in names]
     assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
 
 
