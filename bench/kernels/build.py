@@ -26,19 +26,22 @@ PINGPONG = "::cutlass_ext::sm90::Pingpong"
 COOPERATIVE = "::cutlass_ext::sm90::Cooperative"
 KB = "::cutlass_ext::kernel_bench"
 
+def _library(tile_m: int, tile_n: int, cluster_m: int, cluster_n: int, schedule: str) -> str:
+    """The package's own bf16 forward bundle (bias, run-time activation; K-major A, a weight as B)."""
+    return ("::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
+            f"cutlass::layout::ColumnMajor, false, false, false, {tile_m}, {tile_n}, 64, {cluster_m}, {cluster_n}, "
+            f"{schedule}, ::cutlass_ext::sm90::PersistentScheduler>")
+
+
 # name -> bundle. "library_pp128" is the library's own forward config (128x128_1x2_pp) as built
 # into the package; the others vary one thing at a time. Epilogue kinds: gemm_variants.cuh.
 VARIANTS = {
-    "library_pp128": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
-                     "cutlass::layout::ColumnMajor, false, false, false, 128, 128, 64, 1, 2, "
-                     f"{PINGPONG}, ::cutlass_ext::sm90::PersistentScheduler>",
+    "library_pp128": _library(128, 128, 1, 2, PINGPONG),
     "pp128_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kPlain>",
     "pp128_relu": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kReluFixed>",
     "pp128_gelu": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kGeluFixed>",
     "coop128_2x1": f"{KB}::Variant<128, 128, 64, 2, 1, {COOPERATIVE}, {KB}::kRuntimeActivation>",
-    "library_coop128_2x1": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
-                           "cutlass::layout::ColumnMajor, false, false, false, 128, 128, 64, 2, 1, "
-                           f"{COOPERATIVE}, ::cutlass_ext::sm90::PersistentScheduler>",
+    "library_coop128_2x1": _library(128, 128, 2, 1, COOPERATIVE),
     "coop128_2x1_relu": f"{KB}::Variant<128, 128, 64, 2, 1, {COOPERATIVE}, {KB}::kReluFixed>",
     "coop256x128_1x2": f"{KB}::Variant<256, 128, 64, 1, 2, {COOPERATIVE}, {KB}::kRuntimeActivation>",
     # Epilogue tiles for output-bound products (a short K: dW at K = 128): the automatic tile of
@@ -55,18 +58,10 @@ VARIANTS = {
     "pp128_ep64x64_plain": f"{KB}::Variant<128, 128, 64, 1, 2, {PINGPONG}, {KB}::kPlain, 0, "
                            "cute::Shape<cute::_64, cute::_64>>",
     # The library's bundle (bias, run-time activation) on the cooperative 128x256 and 256x128 tiles.
-    "library_coop128x256_2x1": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
-                               "cutlass::layout::ColumnMajor, false, false, false, 128, 256, 64, 2, 1, "
-                               f"{COOPERATIVE}, ::cutlass_ext::sm90::PersistentScheduler>",
-    "library_coop128x256_1x2": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
-                               "cutlass::layout::ColumnMajor, false, false, false, 128, 256, 64, 1, 2, "
-                               f"{COOPERATIVE}, ::cutlass_ext::sm90::PersistentScheduler>",
-    "library_coop256x128_1x2": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
-                               "cutlass::layout::ColumnMajor, false, false, false, 256, 128, 64, 1, 2, "
-                               f"{COOPERATIVE}, ::cutlass_ext::sm90::PersistentScheduler>",
-    "library_pp128_2x1": "::cutlass_ext::sm90::GemmBundle<cutlass::bfloat16_t, cutlass::layout::RowMajor, "
-                         "cutlass::layout::ColumnMajor, false, false, false, 128, 128, 64, 2, 1, "
-                         f"{PINGPONG}, ::cutlass_ext::sm90::PersistentScheduler>",
+    "library_coop128x256_2x1": _library(128, 256, 2, 1, COOPERATIVE),
+    "library_coop128x256_1x2": _library(128, 256, 1, 2, COOPERATIVE),
+    "library_coop256x128_1x2": _library(256, 128, 1, 2, COOPERATIVE),
+    "library_pp128_2x1": _library(128, 128, 2, 1, PINGPONG),
     # The mainloop alone (plain epilogue) in other tile depths, clusters and warpgroup tilings.
     "pp128_k128_plain": f"{KB}::Variant<128, 128, 128, 1, 2, {PINGPONG}, {KB}::kPlain>",
     "pp128_2x1_plain": f"{KB}::Variant<128, 128, 64, 2, 1, {PINGPONG}, {KB}::kPlain>",
