@@ -118,6 +118,13 @@ TF32_TRANSPOSED_CONFIGS = (
                use="TF32, M <= 64: transposed product, split over K", transposed=True),
     GemmConfig("t128x256_2x1_coop_tf32", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
                use="TF32 with an N-major B: the transposed product instead of a copy of B", transposed=True),
+    # The 128x256 tiles leave most SMs idle below half a wave (M = 128-512 against 4096-wide
+    # weights, 1024^3), and their 2x1 cluster spans the caller's columns, so that with at most 128
+    # of them half the CTAs run on zero-filled rows: 128x128 tiles in 1x1 clusters, split over K
+    # below a wave.
+    GemmConfig("t128x128_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",
+               use="TF32 with an N-major B: M = 65-256, below half a wave of 128x256 tiles, at most 128 columns",
+               transposed=True),
 )
 
 # The subset built for the aux epilogue and the M-major weight (a GELU/SiLU layer's training

@@ -7,6 +7,7 @@ the binding gathers them, and the rules' expectations are recomputed here from t
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -156,10 +157,18 @@ def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds(driver):
 
 
 def test_hopper_config_names_carry_their_cluster_shape():
-    # The heuristic reads a non-transposed Hopper config's cluster shape from its name.
+    # The heuristic reads a Hopper config's cluster shape from its name ("t" first for a transposed
+    # one); a transposed config in 1x1 clusters may leave it out, but never names another.
     for cfg in _kernel_table.all_configs():
-        if isinstance(cfg, _kernel_table.GemmConfig) and not cfg.transposed:
-            assert cfg.name.startswith(f"{cfg.tile_m}x{cfg.tile_n}_{cfg.cluster_m}x{cfg.cluster_n}_"), cfg.name
+        if not isinstance(cfg, _kernel_table.GemmConfig):
+            continue
+        prefix = "t" if cfg.transposed else ""
+        shape = f"{prefix}{cfg.tile_m}x{cfg.tile_n}_{cfg.cluster_m}x{cfg.cluster_n}_"
+        if not cfg.transposed or cfg.cluster_m * cfg.cluster_n > 1:
+            assert cfg.name.startswith(shape), cfg.name
+        else:
+            named = re.match(r"t(\d+)x(\d+)_(\d+)x(\d+)_", cfg.name)
+            assert named is None or cfg.name.startswith(shape), cfg.name
 
 
 @pytest.mark.parametrize("batch,m,k,n,b_major", [(32, 2048, 2048, 128, "n"), (8, 4096, 4096, 128, "n"),
@@ -233,15 +242,33 @@ def test_k_slices_cut_k_into_equal_aligned_slices_within_one_round(driver, m, k,
         assert k % (8 * count) == 0 and k // count >= 256 and tiles(m, n, 128, 128) * count <= SMS
 
 
-@pytest.mark.parametrize("m", [32, 2048, 4096])
-def test_tf32_with_a_row_major_b_reads_it_through_the_transposed_product(driver, m):
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (32, 4096, 4096), (128, 4096, 4096), (256, 4096, 11008),
+                                   (512, 4096, 4096), (1024, 1024, 1024), (512, 4096, 11008), (2048, 2048, 2048),
+                                   (4096, 4096, 4096)])
+def test_tf32_with_a_row_major_b_reads_it_through_the_transposed_product(driver, m, k, n):
     # The non-transposed TF32 kernels cannot read an N-major B: the transposed ones read it as their
-    # M-major first operand, split over K for few rows, data-parallel 128x256 tiles otherwise.
-    config, splits = pick(driver, m, 4096, 4096, dtype="tf32", b_major="n")
+    # M-major first operand, split over K in 32-wide tiles for up to 64 rows; 128x128 tiles up to
+    # 256 rows and below half a wave of the data-parallel 128x256 tiles, split over K below a wave;
+    # the 128x256 tiles otherwise.
+    config, splits = pick(driver, m, k, n, dtype="tf32", b_major="n")
     if m <= 64:
         assert config == "t128x32_coop_sk" and splits > 1, (config, splits)
+    elif m <= 256 or 2 * tiles(n, m, 128, 256) < SMS:
+        assert config == "t128x128_coop_sk", config
+        count = tiles(n, m, 128, 128)
+        # From one wave on: data-parallel when the waves are full, else CUTLASS's stream-K (0).
+        assert splits == (min(SMS // count, 16) if count < SMS else int(count % SMS == 0)), splits
     else:
         assert (config, splits) == ("t128x256_2x1_coop_tf32", 1), (config, splits)
+
+
+@pytest.mark.parametrize("batch,m,k,n", [(32, 2048, 2048, 128), (16, 4096, 4096, 64)])
+def test_tf32_one_column_tile_takes_no_cluster_along_n(driver, batch, m, k, n):
+    # The 128x256 transposed tiles' 2x1 cluster spans the caller's columns: with one tile of them,
+    # half its CTAs would run on zero-filled rows.
+    assert tiles(n, m, 128, 256) * batch >= SMS
+    assert pick(driver, m, k, n, dtype="tf32", b_major="n", batch=batch)[0] == "t128x128_coop_sk"
+    assert pick(driver, m, k, 256, dtype="tf32", b_major="n", batch=batch)[0] == "t128x256_2x1_coop_tf32"
 
 
 def test_tf32_with_a_weight_takes_the_cooperative_tiles(driver):

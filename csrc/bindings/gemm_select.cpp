@@ -63,16 +63,17 @@ constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
 constexpr int64_t kLowKLongMaxRows = 8192;
 
-// CTAs of a cluster along the caller's N for a non-transposed Hopper config, from its name
-// ("<tile_m>x<tile_n>_<cluster_m>x<cluster_n>_...", the kernel table's convention, which
-// tests/test_select.py checks); 1 for every other kernel.
+// CTAs of a cluster along the caller's N for a Hopper config, from its name
+// ("<tile_m>x<tile_n>_<cluster_m>x<cluster_n>_...", with a leading "t" for a transposed one, whose
+// M is the caller's N: the kernel table's convention, which tests/test_select.py checks); 1 for a
+// config named without a cluster and for every other kernel.
 int cluster_along_n(const GemmKernelEntry& e) {
   int tm = 0, tn = 0, cm = 0, cn = 0;
-  if (e.transposed || e.family == nullptr || std::strcmp(e.family, "sm90") != 0 ||
-      std::sscanf(e.config, "%dx%d_%dx%d_", &tm, &tn, &cm, &cn) != 4) {
+  if (e.family == nullptr || std::strcmp(e.family, "sm90") != 0 ||
+      std::sscanf(e.config + (e.transposed ? 1 : 0), "%dx%d_%dx%d_", &tm, &tn, &cm, &cn) != 4) {
     return 1;
   }
-  return cn;
+  return e.transposed ? cm : cn;
 }
 
 }  // namespace
@@ -271,7 +272,21 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     if (pick != nullptr) return pick;
     if (best_sk != nullptr) return best_sk;
   }
-  // The transposed split-K config is a narrow small-M tile: larger TF32 products with an
+  // TF32 with an N-major B (transposed kernels only): below half a wave of the data-parallel
+  // tiles, or where the caller's columns fit one row of tiles of a cluster that spans them (half
+  // the CTAs on zero-filled rows, as above), the widest transposed stream-K tile, if it is at least
+  // half as wide, split over K below a wave (split_k_factor). Measured on an H200 (CUDA graphs,
+  // bench/NOTES.md section 32): 128 x 4096 -> 4096 92.2 us with 128x256 tiles (cuBLAS 39.2),
+  // 1024^3 29.5 (16.8), [32, 2048, 2048] @ [32, 2048, 128] 254.7 (172.4).
+  if (best_dp != nullptr && only_transposed &&
+      (2 * dp_tiles < sms || (N <= best_dp->tile_m && cluster_along_n(*best_dp) > 1))) {
+    const GemmKernelEntry* wide_sk = nullptr;
+    for (const GemmKernelEntry* e : cutlass) {
+      if (e->stream_k && (wide_sk == nullptr || e->tile_n > wide_sk->tile_n)) wide_sk = e;
+    }
+    if (wide_sk != nullptr && 2 * wide_sk->tile_n >= best_dp->tile_n) return wide_sk;
+  }
+  // The narrow transposed split-K config is a small-M tile: larger TF32 products with an
   // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K
   // tiles ran 2048^2 x 2048 4.6x slower than cuBLAS).
   if (best_dp != nullptr && (dp_tiles >= sms || best_sk == nullptr || only_transposed)) {
