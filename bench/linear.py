@@ -14,6 +14,7 @@ the small rows of the forward+backward mode otherwise measure host time.
     python bench/linear.py                       # everything
     python bench/linear.py --dtypes bf16 --modes fwd --sets llm
     python bench/linear.py --dtypes bf16 --modes fwdbwd --graphs
+    python bench/linear.py --modes fwd --sets llm --max-rows 16 --config t64x16k128_pp --graphs
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ def targeted(m, k, n) -> bool:
 ACT_FN = {"relu": torch.relu, "gelu": F.gelu}
 
 
-def providers(mode: str, act: str):
+def providers(mode: str, act: str, config: str | None = None):
     act_fn = ACT_FN[act]
 
     def ours(x, w, b):
-        return cutlass_ext.linear(x, w.t(), b, activation=act)
+        return cutlass_ext.linear(x, w.t(), b, activation=act, config=config)
 
     def eager(x, w, b):
         return act_fn(F.linear(x, w, b))
@@ -92,6 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--bwd-dtypes", default="bf16", help="dtypes for fwdbwd (it is the slow mode)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
+    parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
+    parser.add_argument("--max-rows", type=int, default=None, help="only shapes with at most this many rows")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -103,11 +106,13 @@ def main(argv=None) -> int:
     for mode in args.modes.split(","):
         act = "relu" if mode == "fwd" else "gelu"
         dtypes = args.dtypes.split(",") if mode == "fwd" else args.bwd_dtypes.split(",")
-        table = {k: v for k, v in providers(mode, act).items() if k in wanted}
+        table = {k: v for k, v in providers(mode, act, args.config).items() if k in wanted}
         for dtype_name in dtypes:
             dtype = DTYPES[dtype_name]
             for set_name in args.sets.split(","):
                 for m, k, n in sets[set_name]:
+                    if args.max_rows is not None and m > args.max_rows:
+                        continue
                     needs_grad = mode == "fwdbwd"
                     x = torch.randn(m, k, device="cuda", dtype=dtype).requires_grad_(needs_grad)
                     w = (torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5).requires_grad_(needs_grad)

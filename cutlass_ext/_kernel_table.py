@@ -191,7 +191,12 @@ LOWK_CONFIG = HandWrittenConfig("lowk_64x128", "lowk", (64, 128), use="K <= 64 (
 # outputs such as a 256 -> 1 layer). Tile: rows per block step at N <= 8, the most columns.
 GEMV_CONFIG = HandWrittenConfig("gemv_n16", "gemv", (32, 16),
                                 use="N <= 4 with a K-major A (narrow layer outputs); up to N = 16 when forced")
-HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG)
+# Few rows: M <= 16 against a K-major weight (decode steps, small batches), a stream over the
+# weight through cp.async stages on more SMs than the 64-row transposed tiles occupy. Tile: rows of
+# A per block (at most), weight rows (output columns) per block.
+FEWROWS_CONFIG = HandWrittenConfig("fewrows_32", "fewrows", (16, 32),
+                                   use="M <= 16 with K-major operands (decode steps): a stream over the weight")
+HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG)
 
 
 def all_configs() -> tuple:
@@ -220,7 +225,7 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 
 @dataclasses.dataclass(frozen=True)
 class GemmKernel:
-    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv")
+    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv", "fewrows")
     dtype: str
     a_major: str  # "k" | "m"
     b_major: str  # "k" | "n"
@@ -398,6 +403,10 @@ def all_kernels() -> list[GemmKernel]:
         for b in "kn":
             for aux in (False, True):
                 kernels.append(GemmKernel("gemv", dtype, "k", b, aux, GEMV_CONFIG))
+    # Few rows: K-major A and B (a linear layer's forward); fp32 runs as TF32.
+    for dtype in ("bf16", "fp16", "tf32"):
+        for aux in (False, True):
+            kernels.append(GemmKernel("fewrows", dtype, "k", "k", aux, FEWROWS_CONFIG))
     return kernels
 
 

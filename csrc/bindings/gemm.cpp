@@ -88,6 +88,9 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 // Kernel selection
 
 bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") == 0; }
+bool is_fewrows(const GemmKernelEntry& e) { return std::strcmp(e.family, "fewrows") == 0; }
+// The hand-written kernels chosen before the others, on unpadded operands (direct_kernel).
+bool is_direct(const GemmKernelEntry& e) { return is_gemv(e) || is_fewrows(e); }
 
 // The kind of kernel a product needs (kernels_for): each flag but `plain` must match the entry's.
 struct KernelForm {
@@ -116,7 +119,7 @@ std::vector<const GemmKernelEntry*> kernels_for(int arch, DType dtype, MathMode 
     const bool form_ok = e.aux == form.aux && e.transposed == form.transposed && e.ext_k == form.ext_k &&
                          e.k_slices == form.k_slices && (form.plain || !e.plain);
     if (arch_ok && source_ok && form_ok && e.dtype == dtype && e.math == math && e.a_major == a && e.b_major == b &&
-        !is_gemv(e)) {  // chosen before the others, on unpadded operands (few_column_kernel)
+        !is_direct(e)) {
       out.push_back(&e);
     }
   }
@@ -230,6 +233,16 @@ GemmOptions gemm_options() {
   return o;
 }
 
+// The hand-written kernel of `family` for this dtype, math mode, epilogue and B layout, if built.
+const GemmKernelEntry* direct_entry(bool (*family)(const GemmKernelEntry&), DType dt, MathMode math, bool aux,
+                                    Major b_major) {
+  for (int i = 0; i < kNumGemmKernels; ++i) {
+    const GemmKernelEntry& e = kGemmKernels[i];
+    if (e.dtype == dt && e.math == math && e.aux == aux && e.b_major == b_major && family(e)) return &e;
+  }
+  return nullptr;
+}
+
 // Few output columns: the hand-written dot-product kernel (gemm/gemv_gemm.cuh), which reads A, B
 // and the bias where they are (any alignment, any strides of B) and writes D unpadded, or nullptr
 // for the other kernels. It needs a K-major A (a unit stride along K), no C source and no second
@@ -246,12 +259,7 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
                                          bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2), N = b3.size(2);
   if (config.empty() && N > kGemvChosenMaxN) return nullptr;  // most calls: no table walk
-  const Major b_major = major_along_k(b3.stride(1), K);
-  const GemmKernelEntry* entry = nullptr;
-  for (int i = 0; i < kNumGemmKernels; ++i) {
-    const GemmKernelEntry& e = kGemmKernels[i];
-    if (e.dtype == dt && e.math == math && e.aux == aux && e.b_major == b_major && is_gemv(e)) entry = &e;
-  }
+  const GemmKernelEntry* entry = direct_entry(is_gemv, dt, math, aux, major_along_k(b3.stride(1), K));
   const bool forced = entry != nullptr && config == entry->config;
   if (entry == nullptr || !(config.empty() || forced)) return nullptr;
   const bool runs = N <= kGemvMaxN && (a3.stride(2) == 1 || K == 1) && !with_c_or_a2 &&
@@ -261,6 +269,35 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
            " KB of shared memory as fp32; this product is ", a3.size(1), " x ", K, " -> ", N, " with A strides ",
            a3.strides());
   return runs ? entry : nullptr;  // forced, or unforced with N <= kGemvChosenMaxN (above)
+}
+
+// Few rows against a K-major weight (decode steps, small batches): the hand-written stream over
+// the weight (gemm/fewrows_gemm.cuh), or nullptr for the other kernels. It reads A, B and the bias
+// where they are and writes D unpadded, but needs K-major A and B with K and their row strides
+// multiples of 16 bytes and 16-byte aligned data, no C source and no second product. Unforced it
+// takes M <= 16 with N and K from kFewRowsMinWidth on (bench/NOTES.md section 32). The config
+// override forces it (an error where it cannot run) or excludes it.
+constexpr int64_t kFewRowsMinWidth = 256;
+
+const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
+                                      bool with_c_or_a2, const std::string& config) {
+  const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
+  if (config.empty() && (M > kFewRowsMaxM || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
+  const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, Major::kK);
+  const bool forced = entry != nullptr && config == entry->config;
+  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const int64_t vec = 16 / int64_t(a3.element_size());
+  auto pieces = [&](const at::Tensor& t, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && stride % vec == 0 &&
+           (t.size(0) == 1 || t.stride(0) % vec == 0);
+  };
+  const bool runs = M <= kFewRowsMaxM && !with_c_or_a2 && K % vec == 0 && a3.stride(2) == 1 && b3.stride(1) == 1 &&
+                    pieces(a3, M == 1 ? 0 : a3.stride(1)) && pieces(b3, N == 1 ? 0 : b3.stride(2));
+  CE_CHECK(runs || !forced, "config '", config, "' takes M <= ", kFewRowsMaxM,
+           ", K-major A and B (unit strides along K) with K and their row strides multiples of 16 bytes, 16-byte "
+           "aligned data and no C source; this product is ", M, " x ", K, " -> ", N, " with A strides ", a3.strides(),
+           " and B strides ", b3.strides());
+  return runs ? entry : nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -383,15 +420,17 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   };
 
   const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
-  if (const GemmKernelEntry* gemv = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config)) {
-    // D straight into extra.out when its columns are adjacent (the kernel's only requirement).
+  const GemmKernelEntry* direct = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
+  if (direct == nullptr) direct = few_row_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
+  if (direct != nullptr) {
+    // D straight into extra.out when its columns are adjacent (the kernels' only requirement).
     at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);
     at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
     // The kernel reads the bias with a unit stride.
     const at::Tensor bias_1 =
         !bias.has_value() ? at::Tensor() : (N == 1 || bias->stride(0) == 1) ? *bias : bias->contiguous();
     const GemmParams p = unpadded_params(d, z, bias_1);
-    check_launch(gemv->run(p, nullptr, current_stream(a.device())), op, gemv->name);
+    check_launch(direct->run(p, nullptr, current_stream(a.device())), op, direct->name);
     return deliver(d, z);
   }
   const int64_t align = math == MathMode::kExactF32 ? 1 : 16 / int64_t(a.element_size());

@@ -108,6 +108,9 @@ constexpr int64_t gemv_shared_bytes(int64_t K, int64_t N, int element_bytes) {
          int64_t(sizeof(float));
 }
 
+// The few-row kernel (gemm/fewrows_gemm.cuh) multiplies up to this many rows of A.
+constexpr int kFewRowsMaxM = 16;
+
 // Entry points of a hand-written kernel; `Bundle` provides workspace_size(p) and run(p, workspace,
 // stream) (the CUTLASS instantiations use CUTLASS_EXT_DEFINE_GEMM of gemm/launcher.cuh).
 #define CUTLASS_EXT_DEFINE_DIRECT_GEMM(NAME, BUNDLE)                                          \

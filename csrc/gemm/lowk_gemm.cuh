@@ -19,6 +19,7 @@
 #include "common/activation.h"
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
+#include "gemm/mma_sync.cuh"
 #include "gemm/resident_blocks.h"
 
 namespace cutlass_ext::lowk {
@@ -48,38 +49,6 @@ constexpr int kSharedBytesWithC = kCOffset + 2 * kCElems * 2;
 constexpr int kLanesPerRow = kTileN / kVec;            // 16
 constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // 16
 constexpr int kPasses = kTileM / kRowsPerPass;         // 4
-
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-}
-
-// Four 8x8 16-bit matrices from shared memory (lane l gives row l % 8 of matrix l / 8); with
-// `trans` each is delivered transposed.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  if (trans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-  }
-}
 
 // Starts copying an operand tile of kLines lines (rows of A, columns of B) by k_pad into shared
 // memory in its own layout: K-major as [line][k] (kKRow a row), else [k][line] (kLineRow a

@@ -184,7 +184,7 @@ def backward_work(device, run, monkeypatch):
         run()
         return counts["gemm"], counts["act_grad"], []
     _, names = cuda_kernels_run(run)
-    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel")
+    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel", "fewrows_gemm_kernel")
     gemms = sum(any(k in n for k in gemm_kernels) for n in names)
     act_grads = sum("act_grad_kernel" in n for n in names)
     others = [n for n in names if not any(k in n for k in (*gemm_kernels, "act_grad_kernel", "bias_grad_finalize"))]
@@ -567,6 +567,8 @@ def _kernel_inputs(kernel, device):
         k = 40  # K <= 64, not a multiple of its 16-deep MMA step
     if kernel.family == "gemv":
         n = 13  # N <= 16, not a power of two
+    if kernel.family == "fewrows":
+        m = 13  # M <= 16, more than one 8-wide MMA tile
     if kernel.k_slices:
         k = 4096  # eight slices of 512 for 12 output tiles
     a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
@@ -822,8 +824,9 @@ def test_cpu_runs_without_extension():
 
 
 # ------------------------------------------------------------------------------------------------
-# Small M (decode shapes): the heuristic takes the transposed kernels, each tile width, forward
-# with and without an aux output, and the backward (dA = dZ W through the M-major weight).
+# Small M (decode shapes): the heuristic takes the few-row kernel up to 16 rows and the transposed
+# kernels above, each tile width, forward with and without an aux output, and the backward (dA = dZ
+# W through the M-major weight).
 
 
 @requires_cuda
@@ -1422,3 +1425,92 @@ def test_lowk_kernel_reads_unaligned_operands(dtype_name, m, k, n, a_layout):
     if aux_wanted:
         assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, dtype_name, what="aux")
     assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), dtype_name)
+
+
+# ------------------------------------------------------------------------------------------------
+# The hand-written few-row kernel (fewrows: M <= 16, K-major operands, a stream over the weight)
+
+FEWROWS = "fewrows_gemm_kernel"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16", "tf32"])  # fp32 runs as TF32 on the tensor cores
+@pytest.mark.parametrize("m,k,n", [(1, 256, 256), (8, 264, 392), (9, 4104, 300), (16, 520, 2120), (3, 8, 40),
+                                   (16, 1024, 1)])
+def test_fewrows_kernel(dtype_name, m, k, n):
+    # One or two 8-wide MMA tiles of rows, K tails inside a stage, partial blocks of columns.
+    dtype = DTYPES[dtype_name]
+    A = rand(m, k, device="cuda", dtype=dtype)
+    B = make_b(k, n, "weight_t", "cuda", dtype)
+    bias = rand(n, device="cuda", dtype=dtype)
+    with fp32_precision(dtype_name):
+        (y, aux), names = cuda_kernels_run(
+            lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True, "fewrows_32"))
+        peer_z = peer_linear(A, B, bias, "none")
+    # One launch: no padded copies of A, B, the bias or the output.
+    assert len(names) == 1 and FEWROWS in names[0], names
+    assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, dtype_name, what="aux")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), dtype_name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["bf16", "tf32"])
+@pytest.mark.parametrize("shared_b", [False, True])
+def test_fewrows_kernel_batched_and_strided(dtype_name, shared_b):
+    # Batches of rows (every other row of a larger tensor) against per-batch or shared weights.
+    dtype = DTYPES[dtype_name]
+    A = rand(3, 10, 512, device="cuda", dtype=dtype)[:, ::2]
+    W = rand(392, 512, device="cuda", dtype=dtype, scale=512 ** -0.5)
+    Wb = W.expand(3, 392, 512) if shared_b else torch.stack([W, 2 * W, -W])
+    B = Wb.transpose(1, 2)
+    with fp32_precision(dtype_name):
+        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
+        peer = torch.matmul(A, B)
+    assert len(names) == 1 and FEWROWS in names[0], names
+    assert_close_to_reference(y, A.double() @ B.double(), peer, dtype_name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,k,n,layout,expected", [
+    (1, 4096, 4096, "plain", True), (16, 4096, 11008, "plain", True), (5, 256, 256, "rows", True),
+    (17, 4096, 4096, "plain", False),   # more rows than the kernel takes
+    (16, 4096, 128, "plain", False),    # too few columns to be worth a stream
+    (16, 128, 4096, "plain", False),    # too short a K
+    (4, 4100, 4096, "plain", False),    # K not a multiple of 16 bytes: the padded path
+    (4, 4096, 4096, "offset", False),   # rows not 16-byte aligned
+])
+def test_fewrows_heuristic(m, k, n, layout, expected):
+    A = _a_layout(m, k, layout, torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
+    assert any(FEWROWS in name for name in names) == expected, names
+    assert_close_to_reference(y, ref_linear(A, W.t(), None, "relu"), peer_linear(A, W.t(), None, "relu"), "bf16")
+
+
+@requires_cuda
+def test_fewrows_kernel_is_not_exact_fp32():
+    # Without TF32 an fp32 product multiplies exactly on the FMA units, however few its rows.
+    A = rand(4, 1024, device="cuda", dtype=torch.float32)
+    B = make_b(1024, 1024, "weight_t", "cuda", torch.float32)
+    with fp32_precision("fp32"):
+        y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, B))
+    assert names and not any(FEWROWS in name for name in names), names
+    assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "fp32")
+    with fp32_precision("tf32"):
+        _, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, B))
+    assert len(names) == 1 and FEWROWS in names[0], names
+
+
+@requires_cuda
+def test_fewrows_config_rejects_what_it_cannot_run():
+    W = rand(256, 512, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="config 'fewrows_32' takes M <= 16"):
+        cutlass_ext.linear(rand(17, 512, device="cuda", dtype=torch.bfloat16), W.t(), config="fewrows_32")
+    with pytest.raises(RuntimeError, match="K-major A and B"):  # an N-major B
+        cutlass_ext.linear(rand(4, 512, device="cuda", dtype=torch.bfloat16), W.t().contiguous(), config="fewrows_32")
+    # Where the heuristic would not take it (few columns): still correct when forced.
+    A = rand(4, 512, device="cuda", dtype=torch.bfloat16)
+    B = make_b(512, 24, "weight_t", "cuda", torch.bfloat16)
+    y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, config="fewrows_32"))
+    assert len(names) == 1 and FEWROWS in names[0], names
+    assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "bf16")
