@@ -271,18 +271,21 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
   return runs ? entry : nullptr;  // forced, or unforced with N <= kGemvChosenMaxN (above)
 }
 
-// Few rows against a K-major weight (decode steps, small batches): the hand-written stream over
-// the weight (gemm/fewrows_gemm.cuh), or nullptr for the other kernels. It reads A, B and the bias
-// where they are and writes D unpadded, but needs K-major A and B with K and their row strides
-// multiples of 16 bytes and 16-byte aligned data, no C source and no second product. Unforced it
-// takes M <= 16 with N and K from kFewRowsMinWidth on (bench/NOTES.md section 32). The config
-// override forces it (an error where it cannot run) or excludes it.
+// Few rows of fp32 against a K-major weight (decode steps, small batches) with TF32 allowed: the
+// hand-written stream over the weight (gemm/fewrows_gemm.cuh), or nullptr for the other kernels.
+// It reads A, B and the bias where they are and writes D unpadded, but needs K-major A and B with
+// K and their row strides multiples of 16 bytes and 16-byte aligned data, no C source and no
+// second product. Unforced it takes M <= 4 with N and K from kFewRowsMinWidth on: measured on an
+// H200 (bench/NOTES.md section 32), 1 x 4096 -> 4096 29.6 us against 34.5 for the 128x32 split-K
+// TF32 tile and 35.5 for cuBLAS; from 12 rows the split-K tile was faster. The config override
+// forces it (an error where it cannot run) or excludes it.
+constexpr int64_t kFewRowsChosenMaxM = 4;
 constexpr int64_t kFewRowsMinWidth = 256;
 
 const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                       bool with_c_or_a2, const std::string& config) {
   const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
-  if (config.empty() && (M > kFewRowsMaxM || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
+  if (config.empty() && (M > kFewRowsChosenMaxM || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
   const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, Major::kK);
   const bool forced = entry != nullptr && config == entry->config;
   if (entry == nullptr || !(config.empty() || forced)) return nullptr;

@@ -1,18 +1,17 @@
-// Few-row GEMM (M <= 16 with K-major operands: decode steps and small batches through a linear
-// layer, D = x W^T), hand-written:
-//   D = act(alpha * A B + bias), optionally Aux = the pre-activation; fp16 and bf16 on mma.sync
-//   m16n8k16, fp32 as TF32 on mma.sync m16n8k8 (fp32 accumulation).
+// Few-row GEMM (M <= 16 with K-major operands: decode steps and small batches through an fp32
+// linear layer, D = x W^T), hand-written:
+//   D = act(alpha * A B + bias), optionally Aux = the pre-activation; fp32 as TF32 on mma.sync
+//   m16n8k8 (fp32 accumulation).
 // With a few rows the product is a stream over the weight (B, K-major: the rows of a [N, K]
-// weight), and its speed is the bytes of B in flight. A CUTLASS tile holds its loads in shared
-// memory too, but needs 64-row tiles on N / 64 CTAs (one per SM at most, each bound by its stage
-// count); a kernel that loads into registers pays for every byte in flight with a register (a
-// CUDA-core version streamed at ~2.3 TB/s on an H200, bench/NOTES.md section 4). Here each block
-// owns 32 weight rows (output columns) and all of K, and streams them with cp.async through
-// kStages stages of 512 bytes of K per row, several blocks per SM. The rows of A ride along in each
-// stage (zero-filled past M, as B's rows are past N and both past K). The transposed product runs
-// on the tensor cores: a warp multiplies 16 weight rows (the MMA's M) by the rows of A (its N, one
-// or two 8-wide tiles) over a quarter of each stage's K; the four quarters are added in a fixed
-// order through shared memory at the end, so results do not depend on timing.
+// weight). CUTLASS's TF32 tiles are 128 rows deep, so a 4096-row weight gives 32 of them, and the
+// split-K config pays a fix-up. Here each block owns 16 weight rows (output columns) and all of K,
+// and streams them with cp.async through kStages stages of 512 bytes of K per row, several blocks
+// per SM; the rows of A ride along in each stage (zero-filled past M, as B's rows are past N and
+// both past K). The transposed product runs on the tensor cores: a warp multiplies the 16 weight
+// rows (the MMA's M) by the rows of A (its N, one or two 8-wide tiles) over an eighth of each
+// stage's K; the eighths are added in a fixed order through shared memory at the end, so results
+// do not depend on timing. 16-bit types were measured and are not built: cuBLAS and the 64-row
+// transposed CUTLASS tiles streamed their weights as fast or faster (bench/NOTES.md section 32).
 #pragma once
 
 #include <algorithm>
@@ -27,26 +26,34 @@
 
 namespace cutlass_ext::fewrows {
 
-constexpr int kThreads = 256;               // 8 warps: 2 weight-row tiles x 4 parts of K
-constexpr int kBlockN = 32;                 // weight rows (output columns) per block
-constexpr int kKParts = 4;                  // warps along K per 16-row tile
-constexpr int kStageBytes = 512;            // bytes of K per row and stage
-constexpr int kLineBytes = kStageBytes + 16;  // a row in shared memory: 16 bytes of padding keep
-                                              // the 8 rows of an ldmatrix (and the lanes of the
-                                              // 4-byte loads) on distinct banks
-constexpr int kStages = 4;
+constexpr int kThreads = 256;  // 8 warps: the 16-row weight tiles of a block times parts of K
 
-template <int kRows>
-constexpr int shared_bytes() { return kStages * (kBlockN + kRows) * kLineBytes; }
+// A block's work: kBlockN weight rows (output columns) over all of K, streamed kStageBytes of K
+// per row and stage through kStages stages.
+template <int kBlockN_, int kStageBytes_, int kStages_>
+struct Shape {
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStageBytes = kStageBytes_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kTilesM = kBlockN / 16;         // 16-row MMA tiles of weight rows
+  static constexpr int kKParts = 8 / kTilesM;          // warps along K per tile
+  // A row in shared memory: 16 bytes of padding put the 32 lanes of a fragment load (8 rows by
+  // 4 columns) on distinct banks.
+  static constexpr int kLineBytes = kStageBytes + 16;
+  template <int kRows>
+  static constexpr int shared_bytes() { return kStages * (kBlockN + kRows) * kLineBytes; }
+};
 
-template <class T, int kRows>
+template <class T, int kRows, class S>
 __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
-  constexpr bool kTf32 = sizeof(T) == 4;
+  constexpr int kBlockN = S::kBlockN, kStageBytes = S::kStageBytes, kStages = S::kStages, kKParts = S::kKParts;
+  constexpr int kLineBytes = S::kLineBytes;
+  static_assert(sizeof(T) == 4, "the few-row GEMM multiplies fp32 as TF32");
   constexpr int kVec = 16 / int(sizeof(T));
   constexpr int kStageK = kStageBytes / int(sizeof(T));  // K per stage
   constexpr int kLine = kLineBytes / int(sizeof(T));     // elements of a row in shared memory
   constexpr int kWarpK = kStageK / kKParts;              // K per warp and stage
-  constexpr int kMmaK = kTf32 ? 8 : 16;
+  constexpr int kMmaK = 8;
   constexpr int kTilesN = kRows / 8;                     // 8-wide MMA tiles over the rows of A
   constexpr int kLines = kBlockN + kRows;                // rows of a stage: B's, then A's
   constexpr int kPieces = kLines * (kStageBytes / 16);   // 16-byte copies per stage
@@ -98,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   }
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int tile = warp % 2, part = warp / 2;
+  const int tile = warp % S::kTilesM, part = warp / S::kTilesM;
   const int g = lane / 4, t = lane % 4;  // the fragment coordinates of the PTX ISA
   float acc[kTilesN][4] = {};
   for (int s = 0; s < stages; ++s) {
@@ -112,29 +119,15 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
 #pragma unroll
     for (int kk = 0; kk < kWarpK; kk += kMmaK) {
       uint32_t a[4];
-      if constexpr (kTf32) {
-        a[0] = to_tf32(w[g * kLine + kk + t]);
-        a[1] = to_tf32(w[(g + 8) * kLine + kk + t]);
-        a[2] = to_tf32(w[g * kLine + kk + t + 4]);
-        a[3] = to_tf32(w[(g + 8) * kLine + kk + t + 4]);
-      } else {
-        // Matrix j of the four: rows (j % 2) * 8.., K (j / 2) * 8.. of the 16 x 16 A tile.
-        const int j = lane / 8;
-        ldmatrix_x4(a, w + ((lane % 8) + (j % 2) * 8) * kLine + kk + (j / 2) * 8, false);
-      }
+      a[0] = to_tf32(w[g * kLine + kk + t]);
+      a[1] = to_tf32(w[(g + 8) * kLine + kk + t]);
+      a[2] = to_tf32(w[g * kLine + kk + t + 4]);
+      a[3] = to_tf32(w[(g + 8) * kLine + kk + t + 4]);
 #pragma unroll
       for (int nt = 0; nt < kTilesN; ++nt) {
         const T* const xr = x + (nt * 8 + g) * kLine + kk;
-        uint32_t b[2];
-        if constexpr (kTf32) {
-          b[0] = to_tf32(xr[t]);
-          b[1] = to_tf32(xr[t + 4]);
-          mma_1688_tf32(acc[nt], a, b);
-        } else {
-          b[0] = *reinterpret_cast<const uint32_t*>(xr + 2 * t);
-          b[1] = *reinterpret_cast<const uint32_t*>(xr + 2 * t + 8);
-          mma_16816<T>(acc[nt], a, b);
-        }
+        const uint32_t b[2] = {to_tf32(xr[t]), to_tf32(xr[t + 4])};
+        mma_1688_tf32(acc[nt], a, b);
       }
     }
   }
@@ -167,7 +160,12 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   }
 }
 
-template <class Element>
+// The shape a GemmBundle launches.
+// Of the shapes measured (16-64 weight rows a block, 512-1024 bytes of K a stage, 4-6 stages; TF32
+// on an H200, bench/kernels/fewrows_shapes.cu), the best or within 3% of it up to 4 rows of A.
+using DefaultShape = Shape<16, 512, 6>;
+
+template <class Element, class S = DefaultShape>
 struct GemmBundle {
   using T = Element;
 
@@ -191,14 +189,14 @@ struct GemmBundle {
     LaunchResult result;
     auto launch = [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      const void* kernel = reinterpret_cast<const void*>(fewrows_gemm_kernel<T, kRows>);
+      const void* kernel = reinterpret_cast<const void*>(fewrows_gemm_kernel<T, kRows, S>);
       const cudaError_t err = allow_large_dynamic_shared(kernel, p.device);
       if (err != cudaSuccess) {
         result = {"initialize", cudaGetErrorString(err)};
         return;
       }
-      const dim3 grid(unsigned(ceil_div(p.N, kBlockN)), unsigned(p.L));
-      fewrows_gemm_kernel<T, kRows><<<grid, kThreads, shared_bytes<kRows>(), stream>>>(p);
+      const dim3 grid(unsigned(ceil_div(p.N, S::kBlockN)), unsigned(p.L));
+      fewrows_gemm_kernel<T, kRows, S><<<grid, kThreads, S::template shared_bytes<kRows>(), stream>>>(p);
     };
     if (p.M <= 8) {
       launch(std::integral_constant<int, 8>{});

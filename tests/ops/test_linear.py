@@ -1428,89 +1428,90 @@ def test_lowk_kernel_reads_unaligned_operands(dtype_name, m, k, n, a_layout):
 
 
 # ------------------------------------------------------------------------------------------------
-# The hand-written few-row kernel (fewrows: M <= 16, K-major operands, a stream over the weight)
+# The hand-written few-row kernel (fewrows: TF32, M <= 16, K-major operands, a stream over the weight)
 
 FEWROWS = "fewrows_gemm_kernel"
+F32 = torch.float32
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype_name", ["fp16", "bf16", "tf32"])  # fp32 runs as TF32 on the tensor cores
-@pytest.mark.parametrize("m,k,n", [(1, 256, 256), (8, 264, 392), (9, 4104, 300), (16, 520, 2120), (3, 8, 40),
+@pytest.mark.parametrize("m,k,n", [(1, 256, 256), (8, 264, 392), (9, 4104, 300), (16, 520, 2120), (3, 4, 40),
                                    (16, 1024, 1)])
-def test_fewrows_kernel(dtype_name, m, k, n):
+def test_fewrows_kernel(m, k, n):
     # One or two 8-wide MMA tiles of rows, K tails inside a stage, partial blocks of columns.
-    dtype = DTYPES[dtype_name]
-    A = rand(m, k, device="cuda", dtype=dtype)
-    B = make_b(k, n, "weight_t", "cuda", dtype)
-    bias = rand(n, device="cuda", dtype=dtype)
-    with fp32_precision(dtype_name):
+    A = rand(m, k, device="cuda", dtype=F32)
+    B = make_b(k, n, "weight_t", "cuda", F32)
+    bias = rand(n, device="cuda", dtype=F32)
+    with fp32_precision("tf32"):
         (y, aux), names = cuda_kernels_run(
-            lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True, "fewrows_32"))
+            lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True, "fewrows_16"))
         peer_z = peer_linear(A, B, bias, "none")
     # One launch: no padded copies of A, B, the bias or the output.
     assert len(names) == 1 and FEWROWS in names[0], names
-    assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, dtype_name, what="aux")
-    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), dtype_name)
+    assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, "tf32", what="aux")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), "tf32")
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype_name", ["bf16", "tf32"])
 @pytest.mark.parametrize("shared_b", [False, True])
-def test_fewrows_kernel_batched_and_strided(dtype_name, shared_b):
+def test_fewrows_kernel_batched_and_strided(shared_b):
     # Batches of rows (every other row of a larger tensor) against per-batch or shared weights.
-    dtype = DTYPES[dtype_name]
-    A = rand(3, 10, 512, device="cuda", dtype=dtype)[:, ::2]
-    W = rand(392, 512, device="cuda", dtype=dtype, scale=512 ** -0.5)
+    A = rand(3, 8, 512, device="cuda", dtype=F32)[:, ::2]
+    W = rand(392, 512, device="cuda", dtype=F32, scale=512 ** -0.5)
     Wb = W.expand(3, 392, 512) if shared_b else torch.stack([W, 2 * W, -W])
     B = Wb.transpose(1, 2)
-    with fp32_precision(dtype_name):
+    with fp32_precision("tf32"):
         y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
         peer = torch.matmul(A, B)
     assert len(names) == 1 and FEWROWS in names[0], names
-    assert_close_to_reference(y, A.double() @ B.double(), peer, dtype_name)
+    assert_close_to_reference(y, A.double() @ B.double(), peer, "tf32")
 
 
 @requires_cuda
 @pytest.mark.parametrize("m,k,n,layout,expected", [
-    (1, 4096, 4096, "plain", True), (16, 4096, 11008, "plain", True), (5, 256, 256, "rows", True),
-    (17, 4096, 4096, "plain", False),   # more rows than the kernel takes
-    (16, 4096, 128, "plain", False),    # too few columns to be worth a stream
-    (16, 128, 4096, "plain", False),    # too short a K
-    (4, 4100, 4096, "plain", False),    # K not a multiple of 16 bytes: the padded path
+    (1, 4096, 4096, "plain", True), (4, 4096, 11008, "plain", True), (3, 256, 256, "rows", True),
+    (5, 4096, 4096, "plain", False),    # more rows than the heuristic gives it
+    (4, 4096, 128, "plain", False),     # too few columns to be worth a stream
+    (4, 128, 4096, "plain", False),     # too short a K
+    (4, 4098, 4096, "plain", False),    # K not a multiple of 16 bytes: the padded path
     (4, 4096, 4096, "offset", False),   # rows not 16-byte aligned
 ])
 def test_fewrows_heuristic(m, k, n, layout, expected):
-    A = _a_layout(m, k, layout, torch.bfloat16)
-    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
-    y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
+    A = _a_layout(m, k, layout, F32)
+    W = rand(n, k, device="cuda", dtype=F32, scale=k ** -0.5)
+    with fp32_precision("tf32"):
+        y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
+        peer = peer_linear(A, W.t(), None, "relu")
     assert any(FEWROWS in name for name in names) == expected, names
-    assert_close_to_reference(y, ref_linear(A, W.t(), None, "relu"), peer_linear(A, W.t(), None, "relu"), "bf16")
+    assert_close_to_reference(y, ref_linear(A, W.t(), None, "relu"), peer, "tf32")
 
 
 @requires_cuda
-def test_fewrows_kernel_is_not_exact_fp32():
-    # Without TF32 an fp32 product multiplies exactly on the FMA units, however few its rows.
-    A = rand(4, 1024, device="cuda", dtype=torch.float32)
-    B = make_b(1024, 1024, "weight_t", "cuda", torch.float32)
-    with fp32_precision("fp32"):
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+def test_fewrows_kernel_serves_tf32_only(dtype_name):
+    # 16-bit types keep the transposed CUTLASS tiles; without TF32 an fp32 product multiplies
+    # exactly on the FMA units, however few its rows.
+    A = rand(2, 1024, device="cuda", dtype=DTYPES[dtype_name])
+    B = make_b(1024, 1024, "weight_t", "cuda", DTYPES[dtype_name])
+    with fp32_precision(dtype_name):
         y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, B))
+        peer = peer_linear(A, B, None, "none")
     assert names and not any(FEWROWS in name for name in names), names
-    assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "fp32")
-    with fp32_precision("tf32"):
-        _, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, B))
-    assert len(names) == 1 and FEWROWS in names[0], names
+    assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer, dtype_name)
 
 
 @requires_cuda
 def test_fewrows_config_rejects_what_it_cannot_run():
-    W = rand(256, 512, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="config 'fewrows_32' takes M <= 16"):
-        cutlass_ext.linear(rand(17, 512, device="cuda", dtype=torch.bfloat16), W.t(), config="fewrows_32")
-    with pytest.raises(RuntimeError, match="K-major A and B"):  # an N-major B
-        cutlass_ext.linear(rand(4, 512, device="cuda", dtype=torch.bfloat16), W.t().contiguous(), config="fewrows_32")
-    # Where the heuristic would not take it (few columns): still correct when forced.
-    A = rand(4, 512, device="cuda", dtype=torch.bfloat16)
-    B = make_b(512, 24, "weight_t", "cuda", torch.bfloat16)
-    y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, config="fewrows_32"))
+    W = rand(256, 512, device="cuda", dtype=F32)
+    with fp32_precision("tf32"):
+        with pytest.raises(RuntimeError, match="config 'fewrows_16' takes M <= 16"):
+            cutlass_ext.linear(rand(17, 512, device="cuda", dtype=F32), W.t(), config="fewrows_16")
+        with pytest.raises(RuntimeError, match="K-major A and B"):  # an N-major B
+            cutlass_ext.linear(rand(4, 512, device="cuda", dtype=F32), W.t().contiguous(), config="fewrows_16")
+        # Where the heuristic would not take it (few columns, 16 rows): still correct when forced.
+        A = rand(16, 512, device="cuda", dtype=F32)
+        B = make_b(512, 24, "weight_t", "cuda", F32)
+        y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, config="fewrows_16"))
+        peer = peer_linear(A, B, None, "none")
     assert len(names) == 1 and FEWROWS in names[0], names
-    assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "bf16")
+    assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer, "tf32")
