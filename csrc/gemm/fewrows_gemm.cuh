@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   const T* const A = static_cast<const T*>(p.A) + l * p.a_stride_l;
   const T* const B = static_cast<const T*>(p.B) + l * p.b_stride_l;
 
-  // A thread copies the same pieces of every stage: piece c = threadIdx.x + i * kThreads is
-  // 16 bytes at K offset (c % 32) * kVec of row c / 32 (B's rows first).
+  // A thread copies the same pieces of every stage: piece c = threadIdx.x + i * kThreads is the
+  // 16 bytes at K offset (c % P) * kVec of row c / P, P = kStageBytes / 16 (B's rows first).
   const T* src[kCopies];
   bool line_ok[kCopies];
   int piece_k[kCopies], offset[kCopies];
