@@ -89,7 +89,8 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 
 bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") == 0; }
 bool is_fewrows(const GemmKernelEntry& e) { return std::strcmp(e.family, "fewrows") == 0; }
-// The hand-written kernels chosen before the others, on unpadded operands (direct_kernel).
+// The hand-written kernels chosen before the others, on unpadded operands (few_column_kernel,
+// few_row_kernel).
 bool is_direct(const GemmKernelEntry& e) { return is_gemv(e) || is_fewrows(e); }
 
 // The kind of kernel a product needs (kernels_for): each flag but `plain` must match the entry's.
