@@ -76,6 +76,13 @@ int cluster_along_n(const GemmKernelEntry& e) {
   return e.transposed ? cm : cn;
 }
 
+// Whether the caller's N columns fit one column tile of `e` (its tile_m for a transposed config)
+// while its cluster spans more than one: the cluster's other CTAs then compute zero-filled
+// columns, half or more of the grid's work.
+bool one_column_tile_under_cluster(const GemmKernelEntry& e, int64_t N) {
+  return N <= (e.transposed ? e.tile_m : e.tile_n) && cluster_along_n(e) > 1;
+}
+
 }  // namespace
 
 int64_t output_tiles(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t L) {
@@ -260,8 +267,8 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // [32, 2048, 128] 139.8 -> 89.1 us (cuBLAS 90.2), [8, 4096, 4096] @ [8, 4096, 128] 136.9 ->
   // 86.0 (83.7), [32, 2048, 2048] @ [32, 2048, 64] 138.2 -> 83.2 (86.6); the stream-K config
   // 96.3, 92.3 and 97.8.
-  if (best_dp != nullptr && !only_transposed && !with_extk_twin && dp_tiles >= sms && N <= best_dp->tile_n &&
-      cluster_along_n(*best_dp) > 1) {
+  if (best_dp != nullptr && !only_transposed && !with_extk_twin && dp_tiles >= sms &&
+      one_column_tile_under_cluster(*best_dp, N)) {
     const GemmKernelEntry* pick = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed && !e->stream_k && e->tile_m == 64 && output_tiles(*e, M, N, L) >= sms &&
@@ -278,8 +285,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // half as wide, split over K below a wave (split_k_factor). Measured on an H200 (CUDA graphs,
   // bench/NOTES.md section 32): 128 x 4096 -> 4096 92.2 us with 128x256 tiles (cuBLAS 39.2),
   // 1024^3 29.5 (16.8), [32, 2048, 2048] @ [32, 2048, 128] 254.7 (172.4).
-  if (best_dp != nullptr && only_transposed &&
-      (2 * dp_tiles < sms || (N <= best_dp->tile_m && cluster_along_n(*best_dp) > 1))) {
+  if (best_dp != nullptr && only_transposed && (2 * dp_tiles < sms || one_column_tile_under_cluster(*best_dp, N))) {
     const GemmKernelEntry* wide_sk = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (e->stream_k && (wide_sk == nullptr || e->tile_n > wide_sk->tile_n)) wide_sk = e;
