@@ -14,7 +14,6 @@
 // transposed CUTLASS tiles streamed their weights as fast or faster (bench/NOTES.md section 32).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -47,11 +46,10 @@ struct Shape {
 template <class T, int kRows, class S>
 __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   constexpr int kBlockN = S::kBlockN, kStageBytes = S::kStageBytes, kStages = S::kStages, kKParts = S::kKParts;
-  constexpr int kLineBytes = S::kLineBytes;
   static_assert(sizeof(T) == 4, "the few-row GEMM multiplies fp32 as TF32");
   constexpr int kVec = 16 / int(sizeof(T));
   constexpr int kStageK = kStageBytes / int(sizeof(T));  // K per stage
-  constexpr int kLine = kLineBytes / int(sizeof(T));     // elements of a row in shared memory
+  constexpr int kLine = S::kLineBytes / int(sizeof(T));  // elements of a row in shared memory
   constexpr int kWarpK = kStageK / kKParts;              // K per warp and stage
   constexpr int kMmaK = 8;
   constexpr int kTilesN = kRows / 8;                     // 8-wide MMA tiles over the rows of A
