@@ -191,11 +191,13 @@ LOWK_CONFIG = HandWrittenConfig("lowk_64x128", "lowk", (64, 128), use="K <= 64 (
 # outputs such as a 256 -> 1 layer). Tile: rows per block step at N <= 8, the most columns.
 GEMV_CONFIG = HandWrittenConfig("gemv_n16", "gemv", (32, 16),
                                 use="N <= 4 with a K-major A (narrow layer outputs); up to N = 16 when forced")
-# Few rows: fp32 (TF32) with M <= 16 against a K-major weight (decode steps, small batches), a
-# stream over the weight through cp.async stages on more SMs than the 128-row TF32 tiles occupy.
-# Tile: rows of A per block (at most), weight rows (output columns) per block.
+# Few rows: fp32 (TF32) with M <= 16 against a weight (decode steps, small batches), a stream over
+# the weight through cp.async stages on more SMs than the 128-row TF32 tiles occupy.
+# Tile: rows of A per block (at most), weight rows (output columns) per block with a K-major
+# weight (32 with an N-major one, a row-major [K, N] matrix).
 FEWROWS_CONFIG = HandWrittenConfig("fewrows_16", "fewrows", (16, 16),
-                                   use="TF32, M <= 4 with K-major operands (decode steps): a stream over the weight")
+                                   use="TF32, M <= 4 (8 with a row-major [K, N] B) with a K-major A (decode steps): "
+                                       "a stream over the weight")
 HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG)
 
 
@@ -403,9 +405,11 @@ def all_kernels() -> list[GemmKernel]:
         for b in "kn":
             for aux in (False, True):
                 kernels.append(GemmKernel("gemv", dtype, "k", b, aux, GEMV_CONFIG))
-    # Few rows: TF32, K-major A and B (a linear layer's forward).
-    for aux in (False, True):
-        kernels.append(GemmKernel("fewrows", "tf32", "k", "k", aux, FEWROWS_CONFIG))
+    # Few rows: TF32, a K-major A; a K-major B (a linear layer's forward) or an N-major one (a
+    # row-major [K, N] matrix). One kernel reads both; each layout has its entry.
+    for b in "kn":
+        for aux in (False, True):
+            kernels.append(GemmKernel("fewrows", "tf32", "k", b, aux, FEWROWS_CONFIG))
     return kernels
 
 

@@ -4,7 +4,9 @@
 // memset); with --read-flush the flush reads the buffer instead, which leaves no dirty lines in
 // L2 to be written back during the timed launch.
 //
-//   bench/kernels/build/fewrows_shapes [--read-flush]
+// With --n-major the weight is a row-major [K, N] matrix (an N-major B) instead of [N, K].
+//
+//   bench/kernels/build/fewrows_shapes [--read-flush] [--n-major]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,7 +32,7 @@ float median_us(Timer& timer, Fn&& fn) {
 template <class S>
 float run_shape(Timer& timer, cutlass_ext::GemmParams const& p) {
   return median_us(timer, [&] {
-    const cutlass_ext::LaunchResult r = cutlass_ext::fewrows::GemmBundle<float, S>::run(p, nullptr, 0);
+    const cutlass_ext::LaunchResult r = cutlass_ext::fewrows::GemmBundle<float, S, S>::run(p, nullptr, 0);
     if (!r.ok()) {
       std::printf("launch failed (%s): %s\n", r.stage, r.detail);
       std::exit(1);
@@ -44,7 +46,12 @@ float run_shape(Timer& timer, cutlass_ext::GemmParams const& p) {
 int main(int argc, char** argv) {
   using namespace kernel_bench;
   using cutlass_ext::fewrows::Shape;
-  Timer timer(argc > 1 && std::strcmp(argv[1], "--read-flush") == 0);
+  bool read_flush = false, n_major = false;
+  for (int i = 1; i < argc; ++i) {
+    read_flush = read_flush || std::strcmp(argv[i], "--read-flush") == 0;
+    n_major = n_major || std::strcmp(argv[i], "--n-major") == 0;
+  }
+  Timer timer(read_flush);
   int sms = 0;
   KB_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};  // N, K
@@ -64,12 +71,13 @@ int main(int argc, char** argv) {
       cutlass_ext::GemmParams p;
       p.M = M, p.N = N, p.K = K, p.L = 1;
       p.A = X, p.a_stride_m = K, p.a_stride_k = 1;
-      p.B = W, p.b_stride_k = 1, p.b_stride_n = K;
+      p.B = W, p.b_stride_k = n_major ? N : 1, p.b_stride_n = n_major ? 1 : K;
       p.D = D, p.d_stride_m = N, p.sm_count = sms;
       auto report = [&](const char* name, float us) {
         std::printf("  M=%2d %-10s %7.1f us  %5.0f GB/s of weight\n", M, name, us, 1e-3 * weight / us);
       };
       report("32x512x4", run_shape<Shape<32, 512, 4>>(timer, p));
+      report("32x512x6", run_shape<Shape<32, 512, 6>>(timer, p));
       report("64x512x4", run_shape<Shape<64, 512, 4>>(timer, p));
       report("16x512x6", run_shape<Shape<16, 512, 6>>(timer, p));
       report("16x1024x4", run_shape<Shape<16, 1024, 4>>(timer, p));

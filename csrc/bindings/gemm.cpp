@@ -272,22 +272,30 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
   return runs ? entry : nullptr;  // forced, or unforced with N <= kGemvChosenMaxN (above)
 }
 
-// Few rows of fp32 against a K-major weight (decode steps, small batches) with TF32 allowed: the
+// Few rows of fp32 against a weight (decode steps, small batches) with TF32 allowed: the
 // hand-written stream over the weight (gemm/fewrows_gemm.cuh), or nullptr for the other kernels.
-// It reads A, B and the bias where they are and writes D unpadded, but needs K-major A and B with
-// K and their row strides multiples of 16 bytes and 16-byte aligned data, no C source and no
-// second product. Unforced it takes M <= 4 with N and K from kFewRowsMinWidth on: measured on an
-// H200 (bench/NOTES.md section 32), 1 x 4096 -> 4096 29.6 us against 34.5 for the 128x32 split-K
-// TF32 tile and 35.5 for cuBLAS; from 12 rows the split-K tile was faster. The config override
-// forces it (an error where it cannot run) or excludes it.
+// It reads A, B and the bias where they are and writes D unpadded, but needs a K-major A, a K- or
+// N-major B, K (and N for an N-major B) and the row strides multiples of 16 bytes, 16-byte
+// aligned data, no C source and no second product. Unforced it takes N and K from
+// kFewRowsMinWidth on and, measured on an H200 (bench/NOTES.md sections 32 and 33):
+// - a K-major B up to 4 rows: 1 x 4096 -> 4096 29.6 us against 34.5 for the 128x32 split-K TF32
+//   tile and 35.5 for cuBLAS; from 12 rows the split-K tile was faster;
+// - an N-major B up to 8 rows (the transposed tiles it would otherwise take transpose their
+//   operand in registers): 1 and 8 x 4096 -> 4096 27.3 and 29.1 us against 37.8 and 38.3 for
+//   the transposed 128x32 split-K tile (cuBLAS 24.0 and 31.6); from 12 rows the split-K tile was
+//   faster on 11008-wide products.
+// The config override forces it (an error where it cannot run) or excludes it.
 constexpr int64_t kFewRowsChosenMaxM = 4;
+constexpr int64_t kFewRowsChosenMaxMNMajor = 8;
 constexpr int64_t kFewRowsMinWidth = 256;
 
 const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                       bool with_c_or_a2, const std::string& config) {
   const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
-  if (config.empty() && (M > kFewRowsChosenMaxM || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
-  const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, Major::kK);
+  const bool b_k_major = b3.stride(1) == 1;
+  const int64_t chosen_max_m = b_k_major ? kFewRowsChosenMaxM : kFewRowsChosenMaxMNMajor;
+  if (config.empty() && (M > chosen_max_m || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
+  const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, b_k_major ? Major::kK : Major::kMN);
   const bool forced = entry != nullptr && config == entry->config;
   if (entry == nullptr || !(config.empty() || forced)) return nullptr;
   const int64_t vec = 16 / int64_t(a3.element_size());
@@ -295,12 +303,14 @@ const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const a
     return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && stride % vec == 0 &&
            (t.size(0) == 1 || t.stride(0) % vec == 0);
   };
-  const bool runs = M <= kFewRowsMaxM && !with_c_or_a2 && K % vec == 0 && a3.stride(2) == 1 && b3.stride(1) == 1 &&
-                    pieces(a3, M == 1 ? 0 : a3.stride(1)) && pieces(b3, N == 1 ? 0 : b3.stride(2));
+  const bool b_ok = b_k_major ? pieces(b3, N == 1 ? 0 : b3.stride(2))
+                              : b3.stride(2) == 1 && N % vec == 0 && pieces(b3, b3.stride(1));
+  const bool runs = M <= kFewRowsMaxM && !with_c_or_a2 && K % vec == 0 && a3.stride(2) == 1 && b_ok &&
+                    pieces(a3, M == 1 ? 0 : a3.stride(1));
   CE_CHECK(runs || !forced, "config '", config, "' takes M <= ", kFewRowsMaxM,
-           ", K-major A and B (unit strides along K) with K and their row strides multiples of 16 bytes, 16-byte "
-           "aligned data and no C source; this product is ", M, " x ", K, " -> ", N, " with A strides ", a3.strides(),
-           " and B strides ", b3.strides());
+           ", a K-major A and a K- or N-major B (a unit stride along K or N), K (and N for an N-major B) and their "
+           "row strides multiples of 16 bytes, 16-byte aligned data and no C source; this product is ", M, " x ", K,
+           " -> ", N, " with A strides ", a3.strides(), " and B strides ", b3.strides());
   return runs ? entry : nullptr;
 }
 

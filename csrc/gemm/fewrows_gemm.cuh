@@ -1,20 +1,24 @@
-// Few-row GEMM (M <= 16 with K-major operands: decode steps and small batches through an fp32
-// linear layer, D = x W^T), hand-written:
+// Few-row GEMM (M <= 16 with a K-major A: decode steps and small batches through an fp32 linear
+// layer, D = x W^T, or a product with a row-major [K, N] matrix), hand-written:
 //   D = act(alpha * A B + bias), optionally Aux = the pre-activation; fp32 as TF32 on mma.sync
 //   m16n8k8 (fp32 accumulation).
-// With a few rows the product is a stream over the weight (B, K-major: the rows of a [N, K]
-// weight). CUTLASS's TF32 tiles are 128 rows deep, so a 4096-row weight gives 32 of them, and the
-// split-K config pays a fix-up. Here each block owns 16 weight rows (output columns) and all of K,
-// and streams them with cp.async through kStages stages of 512 bytes of K per row, several blocks
-// per SM; the rows of A ride along in each stage (zero-filled past M, as B's rows are past N and
-// both past K). The transposed product runs on the tensor cores: a warp multiplies the 16 weight
-// rows (the MMA's M) by the rows of A (its N, one or two 8-wide tiles) over an eighth of each
-// stage's K; the eighths are added in a fixed order through shared memory at the end, so results
-// do not depend on timing. 16-bit types were measured and are not built: cuBLAS and the 64-row
-// transposed CUTLASS tiles streamed their weights as fast or faster (bench/NOTES.md section 32).
+// With a few rows the product is a stream over the weight (B: K-major, the rows of a [N, K]
+// weight, or N-major, a row-major [K, N] matrix). CUTLASS's TF32 tiles are 128 rows deep, so a
+// 4096-row weight gives 32 of them, and the split-K config pays a fix-up; an N-major B reaches
+// them only through the transposed product, which transposes its operand in registers. Here each
+// block owns kBlockN weight rows (output columns, B's columns: 16 or 32, by B's layout) and all
+// of K, and streams them with cp.async through kStages stages of 512 bytes of K per row, several
+// blocks per SM; the rows of A ride along in each stage (zero-filled past M, as B's rows are past
+// N and both past K). The transposed product runs on the tensor cores: a warp multiplies 16
+// weight rows (the MMA's M) by the rows of A (its N, one or two 8-wide tiles) over its part of
+// each stage's K (an eighth, or a quarter with 32 rows a block); the parts are added in a fixed
+// order through shared memory at the end, so results do not depend on timing. 16-bit types were
+// measured and are not built: cuBLAS and the 64-row transposed CUTLASS tiles streamed their
+// weights as fast or faster (bench/NOTES.md section 32).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime_api.h>
 
@@ -39,11 +43,16 @@ struct Shape {
   // A row in shared memory: 16 bytes of padding put the 32 lanes of a fragment load (8 rows by
   // 4 columns) on distinct banks.
   static constexpr int kLineBytes = kStageBytes + 16;
-  template <int kRows>
-  static constexpr int shared_bytes() { return kStages * (kBlockN + kRows) * kLineBytes; }
+  // An N-major B stage holds kStageBytes / 4 rows of K, each kBlockN values padded by 8 (a pitch
+  // of 8 or 24 banks mod 32 puts the fragment loads on distinct banks).
+  static constexpr int kNPitch = kBlockN + 8;
+  template <bool kBKMajor>
+  static constexpr int b_stage_floats() { return kBKMajor ? kBlockN * (kLineBytes / 4) : kStageBytes / 4 * kNPitch; }
+  template <int kRows, bool kBKMajor>
+  static constexpr int shared_bytes() { return kStages * (b_stage_floats<kBKMajor>() * 4 + kRows * kLineBytes); }
 };
 
-template <class T, int kRows, class S>
+template <class T, int kRows, class S, bool kBKMajor>
 __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   constexpr int kBlockN = S::kBlockN, kStageBytes = S::kStageBytes, kStages = S::kStages, kKParts = S::kKParts;
   static_assert(sizeof(T) == 4, "the few-row GEMM multiplies fp32 as TF32");
@@ -53,8 +62,12 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   constexpr int kWarpK = kStageK / kKParts;              // K per warp and stage
   constexpr int kMmaK = 8;
   constexpr int kTilesN = kRows / 8;                     // 8-wide MMA tiles over the rows of A
-  constexpr int kLines = kBlockN + kRows;                // rows of a stage: B's, then A's
-  constexpr int kPieces = kLines * (kStageBytes / 16);   // 16-byte copies per stage
+  constexpr int kBElems = S::template b_stage_floats<kBKMajor>();  // B's part of a stage, then A's rows
+  constexpr int kStageElems = kBElems + kRows * kLine;
+  constexpr int kPerLine = kStageBytes / 16;             // 16-byte pieces of K per row of A (or K-major B)
+  constexpr int kPerKRow = kBlockN / kVec;               // 16-byte pieces per row of an N-major B
+  constexpr int kBPieces = kBlockN * kPerLine;           // either layout
+  constexpr int kPieces = kBPieces + kRows * kPerLine;   // 16-byte copies per stage
   static_assert(kPieces % kThreads == 0, "every thread copies the same number of pieces");
   constexpr int kCopies = kPieces / kThreads;
   extern __shared__ float4 shared4[];
@@ -67,32 +80,46 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   const T* const A = static_cast<const T*>(p.A) + l * p.a_stride_l;
   const T* const B = static_cast<const T*>(p.B) + l * p.b_stride_l;
 
-  // A thread copies the same pieces of every stage: piece c = threadIdx.x + i * kThreads is the
-  // 16 bytes at K offset (c % P) * kVec of row c / P, P = kStageBytes / 16 (B's rows first).
+  // A thread copies the same pieces of every stage. Piece c = threadIdx.x + i * kThreads: below
+  // kBPieces, B's (K-major: the 16 bytes at K offset (c % kPerLine) * kVec of weight row
+  // c / kPerLine; N-major: columns (c % kPerKRow) * kVec.. of K row c / kPerKRow), then A's rows
+  // (as K-major B's). Along K a piece moves by `step` elements a unit of K.
   const T* src[kCopies];
   bool line_ok[kCopies];
   int piece_k[kCopies], offset[kCopies];
+  int64_t step[kCopies];
 #pragma unroll
   for (int i = 0; i < kCopies; ++i) {
     const int c = int(threadIdx.x) + i * kThreads;
-    const int line = c / (kStageBytes / 16), k = (c % (kStageBytes / 16)) * kVec;
-    if (line < kBlockN) {
-      line_ok[i] = n0 + line < p.N;
-      src[i] = B + (line_ok[i] ? int64_t(n0 + line) * p.b_stride_n : 0) + k;
+    if (c < kBPieces && !kBKMajor) {
+      const int k = c / kPerKRow, n = (c % kPerKRow) * kVec;
+      line_ok[i] = n0 + n < p.N;  // N is a multiple of kVec
+      src[i] = B + (line_ok[i] ? n0 + n : 0) + int64_t(k) * p.b_stride_k;
+      step[i] = p.b_stride_k;
+      piece_k[i] = k;
+      offset[i] = k * S::kNPitch + n;
     } else {
-      line_ok[i] = line - kBlockN < p.M;
-      src[i] = A + (line_ok[i] ? int64_t(line - kBlockN) * p.a_stride_m : 0) + k;
+      const int line = c < kBPieces ? c / kPerLine : (c - kBPieces) / kPerLine, k = (c % kPerLine) * kVec;
+      if (c < kBPieces) {
+        line_ok[i] = n0 + line < p.N;
+        src[i] = B + (line_ok[i] ? int64_t(n0 + line) * p.b_stride_n : 0) + k;
+        offset[i] = line * kLine + k;
+      } else {
+        line_ok[i] = line < p.M;
+        src[i] = A + (line_ok[i] ? int64_t(line) * p.a_stride_m : 0) + k;
+        offset[i] = kBElems + line * kLine + k;
+      }
+      step[i] = 1;
+      piece_k[i] = k;
     }
-    piece_k[i] = k;
-    offset[i] = line * kLine + k;
   }
   auto issue = [&](int s) {
-    T* const stage = shared + (s % kStages) * (kLines * kLine);
+    T* const stage = shared + (s % kStages) * kStageElems;
     const int k0 = s * kStageK;
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
       const bool ok = line_ok[i] && k0 + piece_k[i] < K;  // K is a multiple of kVec
-      cp_async_16_or_zero(stage + offset[i], ok ? src[i] + k0 : static_cast<const T*>(p.B), ok);
+      cp_async_16_or_zero(stage + offset[i], ok ? src[i] + k0 * step[i] : static_cast<const T*>(p.B), ok);
     }
   };
 
@@ -111,16 +138,20 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
     __syncthreads();  // ... for every thread; and every warp is done with the buffer refilled next
     if (s + kStages - 1 < stages) issue(s + kStages - 1);
     cp_async_commit();
-    const T* const stage = shared + (s % kStages) * (kLines * kLine);
-    const T* const w = stage + tile * 16 * kLine + part * kWarpK;   // 16 weight rows
-    const T* const x = stage + kBlockN * kLine + part * kWarpK;     // the rows of A
+    const T* const stage = shared + (s % kStages) * kStageElems;
+    // The warp's 16 weight rows (B's columns) and its part of K; then the rows of A.
+    const T* const w = kBKMajor ? stage + tile * 16 * kLine + part * kWarpK
+                                : stage + part * kWarpK * S::kNPitch + tile * 16;
+    const T* const x = stage + kBElems + part * kWarpK;
+    // Element (row r, K k) of the warp's 16 x kWarpK weight tile.
+    auto weight = [&](int r, int k) { return kBKMajor ? w[r * kLine + k] : w[k * S::kNPitch + r]; };
 #pragma unroll
     for (int kk = 0; kk < kWarpK; kk += kMmaK) {
       uint32_t a[4];
-      a[0] = to_tf32(w[g * kLine + kk + t]);
-      a[1] = to_tf32(w[(g + 8) * kLine + kk + t]);
-      a[2] = to_tf32(w[g * kLine + kk + t + 4]);
-      a[3] = to_tf32(w[(g + 8) * kLine + kk + t + 4]);
+      a[0] = to_tf32(weight(g, kk + t));
+      a[1] = to_tf32(weight(g + 8, kk + t));
+      a[2] = to_tf32(weight(g, kk + t + 4));
+      a[3] = to_tf32(weight(g + 8, kk + t + 4));
 #pragma unroll
       for (int nt = 0; nt < kTilesN; ++nt) {
         const T* const xr = x + (nt * 8 + g) * kLine + kk;
@@ -158,12 +189,16 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   }
 }
 
-// The shape a GemmBundle launches.
-// Of the shapes measured (16-64 weight rows a block, 512-1024 bytes of K a stage, 4-6 stages; TF32
-// on an H200, bench/kernels/fewrows_shapes.cu), the best or within 3% of it up to 4 rows of A.
-using DefaultShape = Shape<16, 512, 6>;
+// The shapes a GemmBundle launches, one per layout of B. Of the shapes measured (16-64 weight
+// rows a block, 512-1024 bytes of K a stage, 4-6 stages; TF32 on an H200,
+// bench/kernels/fewrows_shapes.cu, bench/NOTES.md sections 32 and 33):
+// - K-major B: 16 rows, the best or within 3% of it up to 4 rows of A;
+// - N-major B: 32 rows (128-byte pieces of each row of K, where 16 rows read 64), the best or
+//   within 2% of it up to 8 rows of A; 16 rows were up to 1.23x slower at 8 rows.
+using KMajorShape = Shape<16, 512, 6>;
+using NMajorShape = Shape<32, 512, 6>;
 
-template <class Element, class S = DefaultShape>
+template <class Element, class KShape = KMajorShape, class NShape = NMajorShape>
 struct GemmBundle {
   using T = Element;
 
@@ -175,31 +210,44 @@ struct GemmBundle {
     if (p.M > kFewRowsMaxM) return {"can_implement", "the few-row GEMM takes M <= 16"};
     if (p.C != nullptr) return {"can_implement", "the few-row GEMM has no C source"};
     if (p.L > 65535) return {"can_implement", "the few-row GEMM takes at most 65535 batches"};
-    // Operands are copied in 16-byte pieces along K.
-    const bool operands_ok = (p.a_stride_k == 1 || p.K == 1) && p.b_stride_k == 1 && p.K % kVec == 0 &&
-                             aligned16(p.A) && aligned16(p.B) && (p.M == 1 || ok(p.a_stride_m)) && ok(p.b_stride_n) &&
+    // Operands are copied in 16-byte pieces along their unit stride: A's along K, B's along K or N.
+    const bool b_k_major = p.b_stride_k == 1;
+    const bool b_ok = b_k_major ? ok(p.b_stride_n) : p.b_stride_n == 1 && p.N % kVec == 0 && ok(p.b_stride_k);
+    const bool operands_ok = (p.a_stride_k == 1 || p.K == 1) && b_ok && p.K % kVec == 0 && aligned16(p.A) &&
+                             aligned16(p.B) && (p.M == 1 || ok(p.a_stride_m)) &&
                              (p.L == 1 || (ok(p.a_stride_l) && ok(p.b_stride_l)));
     if (!operands_ok) {
       return {"can_implement",
-              "the few-row GEMM needs K-major A and B, K a multiple of 16 bytes and 16-byte aligned rows"};
+              "the few-row GEMM needs a K-major A, a K- or N-major B (N a multiple of 16 bytes), K a multiple of 16 "
+              "bytes and 16-byte aligned rows"};
     }
     if (p.M == 0 || p.N == 0 || p.L == 0) return {};
     LaunchResult result;
-    auto launch = [&](auto rows) {
+    auto launch = [&](auto rows, auto b_layout) {
       constexpr int kRows = decltype(rows)::value;
-      const void* kernel = reinterpret_cast<const void*>(fewrows_gemm_kernel<T, kRows, S>);
+      constexpr bool kBKMajor = decltype(b_layout)::value;
+      using S = std::conditional_t<kBKMajor, KShape, NShape>;
+      const void* kernel = reinterpret_cast<const void*>(fewrows_gemm_kernel<T, kRows, S, kBKMajor>);
       const cudaError_t err = allow_large_dynamic_shared(kernel, p.device);
       if (err != cudaSuccess) {
         result = {"initialize", cudaGetErrorString(err)};
         return;
       }
       const dim3 grid(unsigned(ceil_div(p.N, S::kBlockN)), unsigned(p.L));
-      fewrows_gemm_kernel<T, kRows, S><<<grid, kThreads, S::template shared_bytes<kRows>(), stream>>>(p);
+      fewrows_gemm_kernel<T, kRows, S, kBKMajor>
+          <<<grid, kThreads, S::template shared_bytes<kRows, kBKMajor>(), stream>>>(p);
     };
-    if (p.M <= 8) {
-      launch(std::integral_constant<int, 8>{});
+    auto with_rows = [&](auto b_layout) {
+      if (p.M <= 8) {
+        launch(std::integral_constant<int, 8>{}, b_layout);
+      } else {
+        launch(std::integral_constant<int, 16>{}, b_layout);
+      }
+    };
+    if (b_k_major) {
+      with_rows(std::true_type{});
     } else {
-      launch(std::integral_constant<int, 16>{});
+      with_rows(std::false_type{});
     }
     if (!result.ok()) return result;
     const cudaError_t err = cudaGetLastError();

@@ -1435,12 +1435,15 @@ F32 = torch.float32
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,k,n", [(1, 256, 256), (8, 264, 392), (9, 4104, 300), (16, 520, 2120), (3, 4, 40),
-                                   (16, 1024, 1)])
-def test_fewrows_kernel(m, k, n):
-    # One or two 8-wide MMA tiles of rows, K tails inside a stage, partial blocks of columns.
+@pytest.mark.parametrize("m,k,n,b_layout", [
+    *[(m, k, n, layout) for m, k, n in ((1, 256, 256), (8, 264, 392), (9, 4104, 300), (16, 520, 2120), (3, 4, 40))
+      for layout in ("weight_t", "kn")],
+    (16, 1024, 1, "weight_t"), (16, 1024, 4, "kn")])
+def test_fewrows_kernel(m, k, n, b_layout):
+    # One or two 8-wide MMA tiles of rows, K tails inside a stage, partial blocks of columns; B
+    # K-major (a weight's transpose) or N-major (a row-major [K, N] matrix).
     A = rand(m, k, device="cuda", dtype=F32)
-    B = make_b(k, n, "weight_t", "cuda", F32)
+    B = make_b(k, n, b_layout, "cuda", F32)
     bias = rand(n, device="cuda", dtype=F32)
     with fp32_precision("tf32"):
         (y, aux), names = cuda_kernels_run(
@@ -1464,6 +1467,20 @@ def test_fewrows_kernel_batched_and_strided(shared_b):
         y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
         peer = torch.matmul(A, B)
     assert len(names) == 1 and FEWROWS in names[0], names
+    assert_close_to_reference(y, A.double() @ B.double(), peer, "tf32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,expected", [(1, True), (8, True), (9, False)])
+def test_fewrows_heuristic_reads_a_row_major_b(m, expected):
+    # A row-major [K, N] B (N-major) takes the few-row kernel up to 8 rows, twice the rows of a
+    # K-major B: the transposed CUTLASS tiles it would otherwise run on transpose it in registers.
+    A = rand(m, 4096, device="cuda", dtype=F32)
+    B = make_b(4096, 4096, "kn", "cuda", F32)
+    with fp32_precision("tf32"):
+        y, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
+        peer = torch.matmul(A, B)
+    assert len(names) == 1 and (FEWROWS in names[0]) == expected, names
     assert_close_to_reference(y, A.double() @ B.double(), peer, "tf32")
 
 
@@ -1506,8 +1523,11 @@ def test_fewrows_config_rejects_what_it_cannot_run():
     with fp32_precision("tf32"):
         with pytest.raises(RuntimeError, match="config 'fewrows_16' takes M <= 16"):
             cutlass_ext.linear(rand(17, 512, device="cuda", dtype=F32), W.t(), config="fewrows_16")
-        with pytest.raises(RuntimeError, match="K-major A and B"):  # an N-major B
-            cutlass_ext.linear(rand(4, 512, device="cuda", dtype=F32), W.t().contiguous(), config="fewrows_16")
+        with pytest.raises(RuntimeError, match="a K-major A and a K- or N-major B"):  # neither stride 1
+            cutlass_ext.linear(rand(4, 512, device="cuda", dtype=F32), _b_layout(512, 256, "strided", F32),
+                               config="fewrows_16")
+        with pytest.raises(RuntimeError, match="a K-major A"):  # an M-major A
+            cutlass_ext.linear(rand(512, 4, device="cuda", dtype=F32).t(), W.t(), config="fewrows_16")
         # Where the heuristic would not take it (few columns, 16 rows): still correct when forced.
         A = rand(16, 512, device="cuda", dtype=F32)
         B = make_b(512, 24, "weight_t", "cuda", F32)
