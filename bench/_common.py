@@ -28,13 +28,32 @@ def warm_up_gpu(seconds: float = 1.0) -> None:
         torch.cuda.synchronize()
 
 
+FLUSH_MODES = ("zero", "read")
+
+
 class Timer:
-    def __init__(self, warmup: int = 5, iters: int = 30):
+    """``flush`` says how L2 is emptied before every timed call: "zero" writes a buffer larger than
+    L2, which leaves L2 full of dirty lines whose write-back lands on the timed call; "read" reads
+    it, which leaves clean lines. Memory-bound calls read 10-25% slower after "zero" (bench/NOTES.md
+    sections 32 and 33), and not by the same amount for every kernel."""
+
+    def __init__(self, warmup: int = 5, iters: int = 30, flush: str = "zero"):
+        if flush not in FLUSH_MODES:
+            raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
         self.warmup = warmup
         self.iters = iters
-        # Larger than any Hopper L2 (50-60 MB): zeroing it evicts the inputs of the previous call.
+        self.flush = flush
+        # Larger than any Hopper L2 (50-60 MB): writing or reading it evicts the previous call's inputs.
         self._flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+        if flush == "read":
+            self._flush.fill_(1)
         self._warm = False
+
+    def _empty_l2(self) -> None:
+        if self.flush == "zero":
+            self._flush.zero_()
+        else:
+            torch.amax(self._flush)
 
     def median_us(self, fn) -> float:
         return self.median_us_many({"fn": fn})["fn"]
@@ -52,7 +71,7 @@ class Timer:
         for _ in range(self.iters):
             for name, fn in fns.items():
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                self._flush.zero_()
+                self._empty_l2()
                 start.record()
                 fn()
                 end.record()

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, graphed, write_results  # noqa: E402
+from _common import FLUSH_MODES, Timer, geomean, graphed, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -95,11 +95,13 @@ def main(argv=None) -> int:
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
     parser.add_argument("--max-rows", type=int, default=None, help="only shapes with at most this many rows")
+    parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
+                        help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     torch.backends.cuda.matmul.allow_tf32 = True  # the tf32 rows compare TF32 against TF32
-    timer = Timer(iters=args.iters)
+    timer = Timer(iters=args.iters, flush=args.flush)
     sets = shape_sets()
     wanted = set(args.providers.split(","))
     rows = []
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
                                      "tflops": flops / us / 1e6})
                     del x, w, b, grad
     summary = summarize(rows)
-    path = write_results("linear", {"cuda_graphs": args.graphs, "rows": rows, "summary": summary}, args.out)
+    path = write_results("linear", {"cuda_graphs": args.graphs, "flush": args.flush, "rows": rows, "summary": summary},
+                         args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, graphed, write_results  # noqa: E402
+from _common import FLUSH_MODES, Timer, geomean, graphed, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -45,10 +45,12 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
+    parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
+                        help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
-    timer = Timer(iters=args.iters)
+    timer = Timer(iters=args.iters, flush=args.flush)
     sets = shape_sets()
     rows = []
     for dtype_name in args.dtypes.split(","):
@@ -86,8 +88,8 @@ def main(argv=None) -> int:
         s = summary[dtype_name]
         print(f"{dtype_name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS; min at >= 4096^3: "
               f"{s['min_at_4096_cubed_and_up']}; shapes below 1.0x: {len(s['misses'])}")
-    path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "rows": rows, "summary": summary},
-                         args.out)
+    path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "flush": args.flush,
+                                    "rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0
 
