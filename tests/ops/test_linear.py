@@ -304,11 +304,17 @@ def test_few_column_backward_computes_only_needed_grads(needs):
     assert sum(FEW_COLUMN_KERNELS[0] in name for name in names) == 1, names
     assert len(names) == 1 + ("b" in wanted or "bias" in wanted), names
     ref = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, B, bias)]
-    F.silu(ref[0] @ ref[1] + ref[2]).backward(dy.double())
-    for ours, r in zip((x, B, bias), ref):
+    z = ref[0] @ ref[1] + ref[2]
+    z.retain_grad()
+    F.silu(z).backward(dy.double())
+    # dW and dbias are sums over 3000 rows of terms of both signs, and with one column a sum that
+    # cancels to near 0 is the whole tensor: their errors are relative to the terms' size.
+    g = z.grad
+    scales = (None, (ref[0].detach().square().t() @ g.square()).sqrt(), g)
+    for ours, r, scale in zip((x, B, bias), ref, scales):
         assert (ours.grad is not None) == ours.requires_grad
         if ours.requires_grad:
-            assert_close_to_reference(ours.grad, r.grad, None, "bf16")
+            assert_close_to_reference(ours.grad, r.grad, None, "bf16", scale=scale)
 
 
 @requires_cuda
@@ -1267,16 +1273,16 @@ def test_gemm_arch_setting_is_checked(monkeypatch):
 @requires_sm90_path
 @pytest.mark.parametrize("m", [1, 40, 700])
 def test_tf32_n_major_b_needs_no_copy(m):
-    # fp32 A @ B with a row-major [K, N] B: the transposed TF32 kernels read it in place.
+    # fp32 A @ B with a row-major [K, N] B: the transposed TF32 kernels (from 9 rows) or the
+    # few-row kernel (up to 8) read it in place.
     A = rand(m, 264, device="cuda", dtype=torch.float32)
     B = make_b(264, 520, "kn", "cuda", torch.float32)
     with fp32_precision("tf32"):
         y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
         peer = A @ B
     assert_close_to_reference(y, A.double() @ B.double(), peer, "tf32")
-    assert sum("GemmUniversal" in n for n in names) == 1
-    # Nothing else ran, in particular no copy of B.
-    assert [n for n in names if "GemmUniversal" not in n] == []
+    # One kernel ran, in particular no copy of B.
+    assert len(names) == 1 and ("GemmUniversal" in names[0] or FEWROWS in names[0]), names
 
 
 # ------------------------------------------------------------------------------------------------
