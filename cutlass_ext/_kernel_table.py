@@ -193,9 +193,8 @@ GEMV_CONFIG = HandWrittenConfig("gemv_n16", "gemv", (32, 16),
                                 use="N <= 4 with a K-major A (narrow layer outputs); up to N = 16 when forced")
 # Few rows: fp32 (TF32) with M <= 16 against a weight (decode steps, small batches), a stream over
 # the weight through cp.async stages on more SMs than the 128-row TF32 tiles occupy.
-# Tile: rows of A per block (at most), weight rows (output columns) per block with a K-major
-# weight (32 with an N-major one, a row-major [K, N] matrix).
-FEWROWS_CONFIG = HandWrittenConfig("fewrows_16", "fewrows", (16, 16),
+# Tile: rows of A per block (at most), weight rows (output columns) per block.
+FEWROWS_CONFIG = HandWrittenConfig("fewrows_16", "fewrows", (16, 32),
                                    use="TF32, M <= 4 (8 with a row-major [K, N] B) with a K-major A (decode steps): "
                                        "a stream over the weight")
 HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG)

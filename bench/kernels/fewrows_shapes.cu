@@ -32,7 +32,7 @@ float median_us(Timer& timer, Fn&& fn) {
 template <class S>
 float run_shape(Timer& timer, cutlass_ext::GemmParams const& p) {
   return median_us(timer, [&] {
-    const cutlass_ext::LaunchResult r = cutlass_ext::fewrows::GemmBundle<float, S, S>::run(p, nullptr, 0);
+    const cutlass_ext::LaunchResult r = cutlass_ext::fewrows::GemmBundle<float, S>::run(p, nullptr, 0);
     if (!r.ok()) {
       std::printf("launch failed (%s): %s\n", r.stage, r.detail);
       std::exit(1);

@@ -6,15 +6,15 @@
 // weight, or N-major, a row-major [K, N] matrix). CUTLASS's TF32 tiles are 128 rows deep, so a
 // 4096-row weight gives 32 of them, and the split-K config pays a fix-up; an N-major B reaches
 // them only through the transposed product, which transposes its operand in registers. Here each
-// block owns kBlockN weight rows (output columns, B's columns: 16 or 32, by B's layout) and all
-// of K, and streams them with cp.async through kStages stages of 512 bytes of K per row, several
-// blocks per SM; the rows of A ride along in each stage (zero-filled past M, as B's rows are past
-// N and both past K). The transposed product runs on the tensor cores: a warp multiplies 16
-// weight rows (the MMA's M) by the rows of A (its N, one or two 8-wide tiles) over its part of
-// each stage's K (an eighth, or a quarter with 32 rows a block); the parts are added in a fixed
-// order through shared memory at the end, so results do not depend on timing. 16-bit types were
-// measured and are not built: cuBLAS and the 64-row transposed CUTLASS tiles streamed their
-// weights as fast or faster (bench/NOTES.md section 32).
+// block owns 32 weight rows (output columns, B's columns) and all of K, and streams them with
+// cp.async through kStages stages of 512 bytes of K per row, one or more blocks per SM; the rows of
+// A ride along in each stage (zero-filled past M, as B's rows are past N and both past K). The
+// transposed product runs on the tensor cores: a warp multiplies 16 weight rows (the MMA's M) by
+// the rows of A (its N, one or two 8-wide tiles) over a quarter of each stage's K (8 warps: two
+// 16-row tiles by four parts of K); the parts are added in a fixed order through shared memory
+// at the end, so results do not depend on timing. 16-bit types were measured and are not built:
+// cuBLAS and the 64-row transposed CUTLASS tiles streamed their weights as fast or faster
+// (bench/NOTES.md section 32).
 #pragma once
 
 #include <cstdint>
@@ -189,16 +189,14 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   }
 }
 
-// The shapes a GemmBundle launches, one per layout of B. Of the shapes measured (16-64 weight
-// rows a block, 512-1024 bytes of K a stage, 4-6 stages; TF32 on an H200,
-// bench/kernels/fewrows_shapes.cu, bench/NOTES.md sections 32 and 33):
-// - K-major B: 16 rows, the best or within 3% of it up to 4 rows of A;
-// - N-major B: 32 rows (128-byte pieces of each row of K, where 16 rows read 64), the best or
-//   within 2% of it up to 8 rows of A; 16 rows were up to 1.23x slower at 8 rows.
-using KMajorShape = Shape<16, 512, 6>;
-using NMajorShape = Shape<32, 512, 6>;
+// The shape a GemmBundle launches. Of the shapes measured (16-64 weight rows a block, 512-1024
+// bytes of K a stage, 4-6 stages; TF32 on an H200, bench/kernels/fewrows_shapes.cu --read-flush,
+// bench/NOTES.md section 33), the best or within 2% of it up to 8 rows of A with either layout of
+// B. 16 rows a block were as fast up to 4 rows against a K-major B but up to 1.23x slower at 8
+// rows, and against an N-major B they read 64-byte pieces of each row of K where 32 rows read 128.
+using DefaultShape = Shape<32, 512, 6>;
 
-template <class Element, class KShape = KMajorShape, class NShape = NMajorShape>
+template <class Element, class S = DefaultShape>
 struct GemmBundle {
   using T = Element;
 
@@ -226,7 +224,6 @@ struct GemmBundle {
     auto launch = [&](auto rows, auto b_layout) {
       constexpr int kRows = decltype(rows)::value;
       constexpr bool kBKMajor = decltype(b_layout)::value;
-      using S = std::conditional_t<kBKMajor, KShape, NShape>;
       const void* kernel = reinterpret_cast<const void*>(fewrows_gemm_kernel<T, kRows, S, kBKMajor>);
       const cudaError_t err = allow_large_dynamic_shared(kernel, p.device);
       if (err != cudaSuccess) {
