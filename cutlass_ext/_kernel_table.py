@@ -195,7 +195,7 @@ GEMV_CONFIG = HandWrittenConfig("gemv_n16", "gemv", (32, 16),
 # the weight through cp.async stages on more SMs than the 128-row TF32 tiles occupy.
 # Tile: rows of A per block (at most), weight rows (output columns) per block.
 FEWROWS_CONFIG = HandWrittenConfig("fewrows_16", "fewrows", (16, 32),
-                                   use="TF32, M <= 4 (8 with a row-major [K, N] B) with a K-major A (decode steps): "
+                                   use="TF32, M <= 4 (8-16 with a row-major [K, N] B) with a K-major A (decode steps): "
                                        "a stream over the weight")
 HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG)
 

@@ -282,18 +282,24 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
 //   tile and 35.5 for cuBLAS; from 12 rows the split-K tile was faster;
 // - an N-major B up to 8 rows (the transposed tiles it would otherwise take transpose their
 //   operand in registers): 1 and 8 x 4096 -> 4096 27.3 and 29.1 us against 37.8 and 38.3 for
-//   the transposed 128x32 split-K tile (cuBLAS 24.0 and 31.6); from 12 rows the split-K tile was
-//   faster on 11008-wide products.
+//   the transposed 128x32 split-K tile (cuBLAS 24.0 and 31.6); up to 16 rows where B has at most
+//   4096 x 4096 elements: 16 x 1024 -> 1024 11.2 us against 19.6, 16 x 2048 -> 2048 18.0 against
+//   24.3, 16 x 4096 -> 1024 28.8 against 32.9; at 12-16 rows the split-K tile was faster on
+//   11008-wide products.
 // The config override forces it (an error where it cannot run) or excludes it.
 constexpr int64_t kFewRowsChosenMaxM = 4;
 constexpr int64_t kFewRowsChosenMaxMNMajor = 8;
+constexpr int64_t kFewRowsChosenMaxMSmallNMajor = 16;
+constexpr int64_t kFewRowsSmallWeight = int64_t(4096) * 4096;
 constexpr int64_t kFewRowsMinWidth = 256;
 
 const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                       bool with_c_or_a2, const std::string& config) {
   const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
   const bool b_k_major = b3.stride(1) == 1;
-  const int64_t chosen_max_m = b_k_major ? kFewRowsChosenMaxM : kFewRowsChosenMaxMNMajor;
+  const int64_t chosen_max_m = b_k_major                      ? kFewRowsChosenMaxM
+                               : N * K <= kFewRowsSmallWeight ? kFewRowsChosenMaxMSmallNMajor
+                                                              : kFewRowsChosenMaxMNMajor;
   if (config.empty() && (M > chosen_max_m || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
   const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, b_k_major ? Major::kK : Major::kMN);
   const bool forced = entry != nullptr && config == entry->config;

@@ -1477,12 +1477,14 @@ def test_fewrows_kernel_batched_and_strided(shared_b):
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,expected", [(1, True), (8, True), (9, False)])
-def test_fewrows_heuristic_reads_a_row_major_b(m, expected):
-    # A row-major [K, N] B (N-major) takes the few-row kernel up to 8 rows, twice the rows of a
-    # K-major B: the transposed CUTLASS tiles it would otherwise run on transpose it in registers.
-    A = rand(m, 4096, device="cuda", dtype=F32)
-    B = make_b(4096, 4096, "kn", "cuda", F32)
+@pytest.mark.parametrize("m,k,n,expected", [(1, 4096, 4096, True), (16, 4096, 4096, True), (17, 4096, 4096, False),
+                                             (8, 4096, 4104, True), (9, 4096, 4104, False)])
+def test_fewrows_heuristic_reads_a_row_major_b(m, k, n, expected):
+    # A row-major [K, N] B (N-major) takes the few-row kernel up to 16 rows (8 past 4096 x 4096
+    # elements), more rows than a K-major B: the transposed CUTLASS tiles it would otherwise run
+    # on transpose it in registers.
+    A = rand(m, k, device="cuda", dtype=F32)
+    B = make_b(k, n, "kn", "cuda", F32)
     with fp32_precision("tf32"):
         y, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
         peer = torch.matmul(A, B)
