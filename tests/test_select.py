@@ -244,14 +244,16 @@ def test_k_slices_cut_k_into_equal_aligned_slices_within_one_round(driver, m, k,
 
 @pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (32, 4096, 4096), (128, 4096, 4096), (256, 4096, 11008),
                                    (512, 4096, 4096), (1024, 1024, 1024), (512, 4096, 11008), (2048, 2048, 2048),
-                                   (4096, 4096, 4096)])
+                                   (4096, 4096, 4096), (128, 1024, 1024), (256, 1024, 1024), (128, 2048, 2048),
+                                   (192, 2048, 2048), (96, 4096, 4096)])
 def test_tf32_with_a_row_major_b_reads_it_through_the_transposed_product(driver, m, k, n):
     # The non-transposed TF32 kernels cannot read an N-major B: the transposed ones read it as their
-    # M-major first operand, split over K in 32-wide tiles for up to 64 rows; 128x128 tiles up to
+    # M-major first operand, split over K in 32-wide tiles for up to 64 rows, and up to 256 rows
+    # where their re-reads of B (once per 32 rows) total at most 16M elements; 128x128 tiles up to
     # 256 rows and below half a wave of the data-parallel 128x256 tiles, split over K below a wave;
     # the 128x256 tiles otherwise.
     config, splits = pick(driver, m, k, n, dtype="tf32", b_major="n")
-    if m <= 64:
+    if m <= 64 or (m <= 256 and -(-m // 32) * k * n <= 16 << 20):
         assert config == "t128x32_coop_sk" and splits > 1, (config, splits)
     elif m <= 256 or 2 * tiles(n, m, 128, 256) < SMS:
         assert config == "t128x128_coop_sk", config

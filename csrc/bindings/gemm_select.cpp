@@ -20,6 +20,10 @@ constexpr int64_t kTransposedMaxM = 256;
 constexpr int64_t kTransposedShortKMaxM = 64;
 constexpr int64_t kTransposedShortK = 12288;
 constexpr int64_t kTransposedMinTiles = 8;
+// TF32 with an N-major B (transposed kernels only), 65-256 rows: the narrowest stream-K tile
+// re-reads B once per tile_n rows of A; while those reads total at most this many elements (64 MB
+// of fp32, B held in L2) its four times as many CTAs beat the 128-wide tile (select_kernel).
+constexpr int64_t kTransposedRereadMaxElements = int64_t(16) << 20;
 // Few columns over many rows (a narrow MLP layer, N <= 256 after padding) with a short K: the
 // transposed product puts the columns in one to four 64-row tiles (select_kernel).
 constexpr int64_t kNarrowNMaxN = 256;
@@ -143,10 +147,25 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
   // the SMs, or K is short enough for fewer tiles (above), or it splits K (a narrow N with a
   // long K, like a weight gradient, goes to split-K).
+  const bool only_transposed =
+      std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
   if (M <= kTransposedMaxM) {
     const GemmKernelEntry* best = nullptr;
+    const GemmKernelEntry* narrowest_sk = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
+      if (e->transposed && e->stream_k && (narrowest_sk == nullptr || e->tile_n < narrowest_sk->tile_n)) {
+        narrowest_sk = e;
+      }
+    }
+    // With only transposed kernels (TF32, an N-major B) the narrowest stream-K tile also where
+    // its re-reads of B stay in L2 (kTransposedRereadMaxElements). Measured on an H200 (CUDA
+    // graphs, bench/NOTES.md section 33): 128 x 1024 -> 1024 18.4 us against 28.6 for the 128x128
+    // tile, 256 x 1024 -> 1024 19.5 against 29.9, 128 x 2048 -> 2048 27.0 against 33.9, 128 x 4096
+    // -> 1024 29.2 against 51.6; at 96 x 4096 -> 4096 (B re-read 3 x 64 MB) 69.0 against 46.2.
+    if (only_transposed && narrowest_sk != nullptr && best != nullptr && narrowest_sk->tile_n < best->tile_n &&
+        (M + narrowest_sk->tile_n - 1) / narrowest_sk->tile_n * K * N * L <= kTransposedRereadMaxElements) {
+      best = narrowest_sk;
     }
     if (best != nullptr) {
       const int64_t tiles = output_tiles(*best, M, N, L);
@@ -192,8 +211,6 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // preference) when its tiles fill the machine at least once, else the stream-K config, which
   // splits the K loop to occupy every SM. Transposed kernels take part only when nothing else
   // reads the layout (TF32 with an N-major B).
-  const bool only_transposed =
-      std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
   const GemmKernelEntry* best_dp = nullptr;
   const GemmKernelEntry* best_sk = nullptr;
   for (const GemmKernelEntry* e : cutlass) {
