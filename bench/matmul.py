@@ -1,7 +1,8 @@
 """Benchmark: plain matmul, cutlass_ext.matmul vs cuBLAS (torch.matmul) in the same run.
 
 Shapes: squares 1024..8192, LLM-like products (M = 1..16384 rows against 4096x4096 and
-4096x11008 weights), and batched products (attention-like [B, M, K] @ [B, K, N]).
+4096x11008 weights), batched products (attention-like [B, M, K] @ [B, K, N]), and 1-256 rows
+against 1024x1024 and 2048x2048 matrices.
 dtypes bf16, fp16 and tf32 (fp32 inputs with TF32 allowed for both providers).
 Writes bench/results/matmul-<device>.json; ratios are cuBLAS time / ours (>1: we are faster).
 
@@ -31,7 +32,8 @@ def shape_sets():
     square = [(0, s, s, s) for s in (1024, 2048, 4096, 6144, 8192)]
     llm = [(0, m, 4096, n) for n in (4096, 11008) for m in (1, 16, 128, 512, 2048, 8192, 16384)]
     batched = [(b, m, k, n) for b, m, k, n in ((32, 2048, 128, 2048), (32, 2048, 2048, 128), (8, 4096, 4096, 1024))]
-    return {"square": square, "llm": llm, "batched": batched}
+    small = [(0, m, s, s) for s in (1024, 2048) for m in (1, 16, 128, 256)]
+    return {"square": square, "llm": llm, "batched": batched, "small": small}
 
 
 def providers(a, b, config):
@@ -41,7 +43,7 @@ def providers(a, b, config):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="bf16,fp16,tf32")
-    parser.add_argument("--sets", default="square,llm,batched")
+    parser.add_argument("--sets", default="square,llm,batched,small")
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
