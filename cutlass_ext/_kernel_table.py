@@ -110,12 +110,14 @@ TRANSPOSED_CONFIGS = (
     _transposed(64, 128, "M <= 128 (transposed product)" + _ALSO),
     _transposed(128, 128, "M <= 256 (transposed product); mid M" + _ALSO),
 )
-# TF32 (cooperative configs only): few rows, and the large products whose B is N-major (a
-# row-major [K, N] fp32 matrix), which the non-transposed TF32 kernels cannot read without a copy
-# but the transposed product reads as its M-major first operand.
+# TF32: few rows, and the products whose B is N-major (a row-major [K, N] fp32 matrix), which the
+# non-transposed TF32 kernels cannot read without a copy but the transposed product reads as its
+# M-major first operand (transposed in registers). The first serves both layouts of B; the others
+# the N-major one (select_kernel's tf32_n_major_kernel says which shapes take which).
 TF32_TRANSPOSED_CONFIGS = (
     GemmConfig("t128x32_coop_sk", 128, 32, 1, 1, "Cooperative", "StreamKScheduler",
-               use="TF32, M <= 64: transposed product, split over K", transposed=True),
+               use="TF32, M <= 64 (with an N-major B up to 32, or where its re-reads of B stay in L2): "
+                   "transposed product, split over K", transposed=True),
     GemmConfig("t128x256_2x1_coop_tf32", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
                use="TF32 with an N-major B: the transposed product instead of a copy of B", transposed=True),
     # The 128x256 tiles leave most SMs idle below half a wave (M = 128-512 against 4096-wide
@@ -123,8 +125,15 @@ TF32_TRANSPOSED_CONFIGS = (
     # of them half the CTAs run on zero-filled rows: 128x128 tiles in 1x1 clusters, split over K
     # below a wave.
     GemmConfig("t128x128_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",
-               use="TF32 with an N-major B: M = 65-256, below half a wave of 128x256 tiles, at most 128 columns",
+               use="TF32 with an N-major B: M = 65-256 past the 64-row tiles, below half a wave of 128x256 "
+                   "tiles, at most 128 columns",
                transposed=True),
+    # One warpgroup per 64-row tile (as cuBLAS's TF32 kernel for this layout): twice the tiles of
+    # the 128-row configs, for products that fit one round of them over a K of at most 4096.
+    GemmConfig("t64x128_pp_tf32", 64, 128, 1, 1, "Pingpong", "PersistentScheduler",
+               use="TF32 with an N-major B: one round of 64x128 tiles, K <= 4096, up to 1024 rows", transposed=True),
+    GemmConfig("t128x64_coop_sk", 128, 64, 1, 1, "Cooperative", "StreamKScheduler",
+               use="TF32 with an N-major B: M = 33-64, split over K", transposed=True),
 )
 
 # The subset built for the aux epilogue and the M-major weight (a GELU/SiLU layer's training

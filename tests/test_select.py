@@ -242,26 +242,40 @@ def test_k_slices_cut_k_into_equal_aligned_slices_within_one_round(driver, m, k,
         assert k % (8 * count) == 0 and k // count >= 256 and tiles(m, n, 128, 128) * count <= SMS
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (32, 4096, 4096), (128, 4096, 4096), (256, 4096, 11008),
-                                   (512, 4096, 4096), (1024, 1024, 1024), (512, 4096, 11008), (2048, 2048, 2048),
-                                   (4096, 4096, 4096), (128, 1024, 1024), (256, 1024, 1024), (128, 2048, 2048),
-                                   (192, 2048, 2048), (96, 4096, 4096)])
-def test_tf32_with_a_row_major_b_reads_it_through_the_transposed_product(driver, m, k, n):
+PINGPONG_TF32 = "t64x128_pp_tf32"
+
+
+@pytest.mark.parametrize("m,k,n,expected", [
+    # The 64-row ping-pong tile: one round of tiles, K <= 4096; up to 64 rows only for a small B.
+    (128, 4096, 4096, PINGPONG_TF32), (256, 4096, 4096, PINGPONG_TF32), (96, 4096, 4096, PINGPONG_TF32),
+    (1024, 1024, 1024, PINGPONG_TF32), (32, 1024, 1024, PINGPONG_TF32), (192, 2048, 2048, PINGPONG_TF32),
+    (512, 2048, 2048, PINGPONG_TF32),
+    # Split over K: the 32-wide tile where its re-reads of B stay in L2, else the narrowest at
+    # least M wide, up to 128 rows.
+    (1, 4096, 4096, "t128x32_coop_sk"), (32, 4096, 4096, "t128x32_coop_sk"), (64, 4096, 4096, "t128x64_coop_sk"),
+    (64, 4096, 11008, "t128x64_coop_sk"), (128, 4096, 11008, "t128x128_coop_sk"),
+    (128, 11008, 4096, "t128x128_coop_sk"),
+    # A few 64-row tiles over a long K: split-K (the 128x32 tile's re-reads of B stay in L2).
+    (32, 4096, 1024, "t128x32_coop_sk"), (128, 4096, 1024, "t128x32_coop_sk"),
+    # From 129 rows: 128x128 tiles below half a wave of 128x256 tiles, else the 128x256 tiles.
+    (256, 11008, 4096, "t128x128_coop_sk"), (256, 4096, 11008, "t128x256_2x1_coop_tf32"),
+    (512, 4096, 4096, "t128x128_coop_sk"), (512, 4096, 11008, "t128x256_2x1_coop_tf32"),
+    (1024, 2048, 2048, "t128x128_coop_sk"), (2048, 2048, 2048, "t128x256_2x1_coop_tf32"),
+    (4096, 4096, 4096, "t128x256_2x1_coop_tf32"),
+])
+def test_tf32_with_a_row_major_b_reads_it_through_the_transposed_product(driver, m, k, n, expected):
     # The non-transposed TF32 kernels cannot read an N-major B: the transposed ones read it as their
-    # M-major first operand, split over K in 32-wide tiles for up to 64 rows, and up to 256 rows
-    # where their re-reads of B (once per 32 rows) total at most 16M elements; 128x128 tiles up to
-    # 256 rows and below half a wave of the data-parallel 128x256 tiles, split over K below a wave;
-    # the 128x256 tiles otherwise.
+    # M-major first operand.
     config, splits = pick(driver, m, k, n, dtype="tf32", b_major="n")
-    if m <= 64 or (m <= 256 and -(-m // 32) * k * n <= 16 << 20):
-        assert config == "t128x32_coop_sk" and splits > 1, (config, splits)
-    elif m <= 256 or 2 * tiles(n, m, 128, 256) < SMS:
-        assert config == "t128x128_coop_sk", config
-        count = tiles(n, m, 128, 128)
-        # From one wave on: data-parallel when the waves are full, else CUTLASS's stream-K (0).
-        assert splits == (min(SMS // count, 16) if count < SMS else int(count % SMS == 0)), splits
+    assert config == expected, config
+    if config.endswith("_sk"):
+        tile_m, tile_n = map(int, re.match(r"t(\d+)x(\d+)_", config).groups())
+        count = tiles(n, m, tile_m, tile_n)
+        # Below a wave: as many splits over K as fit one wave (at most 16); from one wave on:
+        # data-parallel when the waves are full, else CUTLASS's stream-K (0).
+        assert splits == (min(SMS // count, 16) if count < SMS else int(count % SMS == 0)), (count, splits)
     else:
-        assert (config, splits) == ("t128x256_2x1_coop_tf32", 1), (config, splits)
+        assert splits == 1, splits
 
 
 @pytest.mark.parametrize("batch,m,k,n", [(32, 2048, 2048, 128), (16, 4096, 4096, 64)])

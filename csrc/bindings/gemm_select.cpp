@@ -20,9 +20,17 @@ constexpr int64_t kTransposedMaxM = 256;
 constexpr int64_t kTransposedShortKMaxM = 64;
 constexpr int64_t kTransposedShortK = 12288;
 constexpr int64_t kTransposedMinTiles = 8;
-// TF32 with an N-major B (transposed kernels only), 65-256 rows: the narrowest stream-K tile
-// re-reads B once per tile_n rows of A; while those reads total at most this many elements (64 MB
-// of fp32, B held in L2) its four times as many CTAs beat the 128-wide tile (select_kernel).
+// TF32 with an N-major B (transposed kernels only; tf32_n_major_kernel). The 64-row ping-pong
+// tile up to this many rows, in one round of tiles, with K up to kTf32PingpongMaxK; past
+// kTf32PingpongShortK only on a quarter of the SMs or more (a few CTAs over a long K stream too
+// little), and at most 64 rows only where B has at most kTf32SmallBElements (16 MB of fp32).
+constexpr int64_t kTf32PingpongMaxM = 1024;
+constexpr int64_t kTf32PingpongMaxK = 4096;
+constexpr int64_t kTf32PingpongShortK = 2048;
+constexpr int64_t kTf32SmallBElements = int64_t(4) << 20;
+// Else up to kTransposedMaxM rows: the narrowest stream-K tile re-reads B once per tile_n rows of
+// A; while those reads total at most this many elements (64 MB of fp32, B held in L2) its CTAs
+// beat the wider tiles.
 constexpr int64_t kTransposedRereadMaxElements = int64_t(16) << 20;
 // Few columns over many rows (a narrow MLP layer, N <= 256 after padding) with a short K: the
 // transposed product puts the columns in one to four 64-row tiles (select_kernel).
@@ -130,6 +138,46 @@ const GemmKernelEntry* wider_cluster_twin(const std::vector<const GemmKernelEntr
   return &dp;
 }
 
+// TF32 with an N-major B, which only the transposed kernels read (as their M-major first operand,
+// transposed in registers), up to a few hundred rows; nullptr for the general rules. Measured on
+// an H200 (CUDA graphs, bench/NOTES.md section 33,
+// bench/results/matmul-tf32-nmajor-configs-h200.json):
+// - the 64-row ping-pong tile in one round of tiles with K <= 4096 (kTf32PingpongMaxM and the
+//   constants after it): 128 x 4096 -> 4096 40.9 us against 47.5 for the 128x128 stream-K tile
+//   (cuBLAS 38.9), 1024^3 19.2 against 25.6 (17.5), 256 x 2048 -> 2048 23.8 against 31.6; with
+//   more tiles or a longer K the 128-row tiles were faster (512 x 4096 -> 4096 99.3 against 85.2,
+//   128 x 4096 -> 11008 92.7 against 77.4), as were the split-K tiles on few CTAs over a long K
+//   (128 x 4096 -> 1024: 16 tiles, 37.3 against 29.2 for the 128x32 tile) and at 64 rows of a
+//   large B the 128x64 tile (53.6 against 42.2 at 4096^2);
+// - else up to kTransposedMaxM rows the narrowest stream-K tile where its re-reads of B stay in L2
+//   (kTransposedRereadMaxElements), and otherwise up to 128 rows the narrowest one at least M
+//   wide: 64 x 4096 -> 11008 76.2 us with the 128x64 tile against 103.0 with the 128x32 one
+//   (cuBLAS 67.3). Past 128 rows the general rules below choose between the 128x128 and 128x256
+//   tiles: 256 x 4096 -> 11008 91.8 us with the 128x256 tiles against 123.8.
+const GemmKernelEntry* tf32_n_major_kernel(const std::vector<const GemmKernelEntry*>& kernels, int64_t M, int64_t N,
+                                           int64_t K, int64_t L, int sms) {
+  const GemmKernelEntry* pingpong = nullptr;
+  const GemmKernelEntry* narrowest_sk = nullptr;
+  const GemmKernelEntry* fitting_sk = nullptr;
+  for (const GemmKernelEntry* e : kernels) {
+    if (!e->stream_k && e->tile_m == 64) pingpong = e;
+    if (!e->stream_k) continue;
+    if (narrowest_sk == nullptr || e->tile_n < narrowest_sk->tile_n) narrowest_sk = e;
+    if (e->tile_n >= M && (fitting_sk == nullptr || e->tile_n < fitting_sk->tile_n)) fitting_sk = e;
+  }
+  const int64_t pingpong_tiles = pingpong != nullptr ? output_tiles(*pingpong, M, N, L) : 0;
+  if (pingpong != nullptr && M <= kTf32PingpongMaxM && K <= kTf32PingpongMaxK && pingpong_tiles <= sms &&
+      (K <= kTf32PingpongShortK || 4 * pingpong_tiles >= sms) && (M > 64 || K * N <= kTf32SmallBElements)) {
+    return pingpong;
+  }
+  if (M > kTransposedMaxM) return nullptr;
+  if (narrowest_sk != nullptr &&
+      (M + narrowest_sk->tile_n - 1) / narrowest_sk->tile_n * K * N * L <= kTransposedRereadMaxElements) {
+    return narrowest_sk;
+  }
+  return fitting_sk;  // nullptr past 128 rows: the rules after the transposed-product ones
+}
+
 }  // namespace
 
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
@@ -149,23 +197,13 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // long K, like a weight gradient, goes to split-K).
   const bool only_transposed =
       std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
-  if (M <= kTransposedMaxM) {
+  if (only_transposed) {
+    if (const GemmKernelEntry* e = tf32_n_major_kernel(cutlass, M, N, K, L, sms)) return e;
+  }
+  if (M <= kTransposedMaxM && !only_transposed) {
     const GemmKernelEntry* best = nullptr;
-    const GemmKernelEntry* narrowest_sk = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
-      if (e->transposed && e->stream_k && (narrowest_sk == nullptr || e->tile_n < narrowest_sk->tile_n)) {
-        narrowest_sk = e;
-      }
-    }
-    // With only transposed kernels (TF32, an N-major B) the narrowest stream-K tile also where
-    // its re-reads of B stay in L2 (kTransposedRereadMaxElements). Measured on an H200 (CUDA
-    // graphs, bench/NOTES.md section 33): 128 x 1024 -> 1024 18.4 us against 28.6 for the 128x128
-    // tile, 256 x 1024 -> 1024 19.5 against 29.9, 128 x 2048 -> 2048 27.0 against 33.9, 128 x 4096
-    // -> 1024 29.2 against 51.6; at 96 x 4096 -> 4096 (B re-read 3 x 64 MB) 69.0 against 46.2.
-    if (only_transposed && narrowest_sk != nullptr && best != nullptr && narrowest_sk->tile_n < best->tile_n &&
-        (M + narrowest_sk->tile_n - 1) / narrowest_sk->tile_n * K * N * L <= kTransposedRereadMaxElements) {
-      best = narrowest_sk;
     }
     if (best != nullptr) {
       const int64_t tiles = output_tiles(*best, M, N, L);
