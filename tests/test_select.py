@@ -57,7 +57,7 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
         else:
             (tile_m, tile_n), cluster, stream_k, transposed = cfg.tile, 1, False, False
         return (f"kernel {cfg.name} {kernel.family} {tile_m} {tile_n} {cluster} {int(stream_k)} {int(transposed)} "
-                f"{CLUSTERS[cluster]} {int(kernel.aux)}")
+                f"{CLUSTERS[cluster]} {int(kernel.aux)} {kernel.dtype}")
 
     def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
         return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
@@ -276,6 +276,17 @@ def test_tf32_with_a_row_major_b_reads_it_through_the_transposed_product(driver,
         assert splits == (min(SMS // count, 16) if count < SMS else int(count % SMS == 0)), (count, splits)
     else:
         assert splits == 1, splits
+
+
+def test_tf32_rules_stay_with_tf32(driver):
+    # A selective 16-bit build left with transposed kernels only keeps the general few-row rule
+    # (the narrowest tile at least half as wide as M), not the TF32 N-major one (64x128 tiles).
+    lines = [line for line in candidate_lines(4096) if line.split()[7] == "1"]
+    query = f"query 128 4096 4096 1 {SMS} 0 2"
+    out = subprocess.run([str(driver)], input="\n".join(lines + [query]) + "\n", capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split()[0] == "t64x64_pp", out.stdout
+    assert pick(driver, 128, 4096, 4096, dtype="tf32", b_major="n")[0] == PINGPONG_TF32
 
 
 @pytest.mark.parametrize("batch,m,k,n", [(32, 2048, 2048, 128), (16, 4096, 4096, 64)])

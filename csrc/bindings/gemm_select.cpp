@@ -191,16 +191,20 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     if (!is_lowk(*e)) cutlass.push_back(e);
   }
   if (cutlass.empty()) return candidates.front();
+  // Transposed kernels alone read the layout: TF32 with an N-major B in a full build (the
+  // 16-bit types have non-transposed kernels for every layout; a selective build may leave them
+  // none, and then the general rules apply).
+  const bool only_transposed =
+      std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
+  const bool tf32_n_major = only_transposed && cutlass.front()->dtype == DType::kF32;
+  if (tf32_n_major) {
+    if (const GemmKernelEntry* e = tf32_n_major_kernel(cutlass, M, N, K, L, sms)) return e;
+  }
   // Few rows: the transposed kernel with the narrowest tile that takes them in at most two
   // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
   // the SMs, or K is short enough for fewer tiles (above), or it splits K (a narrow N with a
   // long K, like a weight gradient, goes to split-K).
-  const bool only_transposed =
-      std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
-  if (only_transposed) {
-    if (const GemmKernelEntry* e = tf32_n_major_kernel(cutlass, M, N, K, L, sms)) return e;
-  }
-  if (M <= kTransposedMaxM && !only_transposed) {
+  if (M <= kTransposedMaxM && !tf32_n_major) {
     const GemmKernelEntry* best = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;

@@ -1,6 +1,7 @@
 // Runs the GEMM kernel heuristic (csrc/bindings/gemm_select.h) on kernel entries and shapes read
 // from stdin, without a GPU (tests/test_select.py). Lines:
 //   kernel <config> <family> <tile_m> <tile_n> <cluster_size> <stream_k> <transposed> <active_clusters> <aux>
+//          <dtype: bf16, fp16 or tf32>
 //     appends a candidate (kernel table order; the transposed kernels last, as the binding does);
 //   query <M> <N> <K> <L> <sms> <with_extk_twin> <element_size>
 //     prints "<config> <splits>" (splits: split_k_factor for a stream-K pick, else 1);
@@ -47,10 +48,10 @@ int main() {
     std::string what;
     in >> what;
     if (what == "kernel") {
-      std::string config, family;
+      std::string config, family, dtype;
       int tile_m, tile_n, cluster_size, stream_k, transposed, clusters, aux;
-      in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters >> aux;
-      if (!in || candidates.size() >= size_t(kMaxKernels)) {
+      in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters >> aux >> dtype;
+      if (!in || candidates.size() >= size_t(kMaxKernels) || (dtype != "bf16" && dtype != "fp16" && dtype != "tf32")) {
         std::printf("error: bad kernel line: %s\n", line.c_str());
         return 1;
       }
@@ -64,6 +65,8 @@ int main() {
       e.family = strings.back().c_str();
       e.config = config_name;
       e.arch = 90;
+      e.dtype = dtype == "tf32" ? cutlass_ext::DType::kF32 : dtype == "bf16" ? cutlass_ext::DType::kBF16
+                                                                               : cutlass_ext::DType::kF16;
       e.tile_m = tile_m;
       e.tile_n = tile_n;
       e.cluster_size = cluster_size;
