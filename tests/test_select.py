@@ -79,8 +79,13 @@ def pick(driver, m, k, n, *, aux=False, extk=False, dtype="bf16", b_major="k", a
     n_p, k_p = math.ceil(n / align) * align, math.ceil(k / align) * align
     element_size = 4 if dtype == "tf32" else 2
     query = f"query {m} {n_p} {k_p} {batch} {SMS} {int(extk)} {element_size}"
-    lines = candidate_lines(k_p, aux, dtype, a_major, b_major) + [query]
-    out = subprocess.run([str(driver)], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+    return run_query(driver, candidate_lines(k_p, aux, dtype, a_major, b_major), query)
+
+
+def run_query(driver, lines: list[str], query: str) -> tuple[str, int]:
+    """(config, split count) the driver prints for ``query`` over the kernel ``lines``."""
+    out = subprocess.run([str(driver)], input="\n".join(lines + [query]) + "\n", capture_output=True, text=True,
+                         check=True)
     config, splits = out.stdout.split()
     return config, int(splits)
 
@@ -282,10 +287,7 @@ def test_tf32_rules_stay_with_tf32(driver):
     # A selective 16-bit build left with transposed kernels only keeps the general few-row rule
     # (the narrowest tile at least half as wide as M), not the TF32 N-major one (64x128 tiles).
     lines = [line for line in candidate_lines(4096) if line.split()[7] == "1"]
-    query = f"query 128 4096 4096 1 {SMS} 0 2"
-    out = subprocess.run([str(driver)], input="\n".join(lines + [query]) + "\n", capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.split()[0] == "t64x64_pp", out.stdout
+    assert run_query(driver, lines, f"query 128 4096 4096 1 {SMS} 0 2")[0] == "t64x64_pp"
     assert pick(driver, 128, 4096, 4096, dtype="tf32", b_major="n")[0] == PINGPONG_TF32
 
 

@@ -296,12 +296,13 @@ constexpr int64_t kFewRowsMinWidth = 256;
 const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                       bool with_c_or_a2, const std::string& config) {
   const int64_t M = a3.size(1), K = a3.size(2), N = b3.size(2);
-  const bool b_k_major = b3.stride(1) == 1;
+  const Major b_major = major_along_k(b3.stride(1), K);
+  const bool b_k_major = b_major == Major::kK;
   const int64_t chosen_max_m = b_k_major                      ? kFewRowsChosenMaxM
                                : N * K <= kFewRowsSmallWeight ? kFewRowsChosenMaxMSmallNMajor
                                                               : kFewRowsChosenMaxMNMajor;
   if (config.empty() && (M > chosen_max_m || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
-  const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, b_k_major ? Major::kK : Major::kMN);
+  const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, b_major);
   const bool forced = entry != nullptr && config == entry->config;
   if (entry == nullptr || !(config.empty() || forced)) return nullptr;
   const int64_t vec = 16 / int64_t(a3.element_size());

@@ -1434,7 +1434,8 @@ def test_lowk_kernel_reads_unaligned_operands(dtype_name, m, k, n, a_layout):
 
 
 # ------------------------------------------------------------------------------------------------
-# The hand-written few-row kernel (fewrows: TF32, M <= 16, K-major operands, a stream over the weight)
+# The hand-written few-row kernel (fewrows: TF32, M <= 16, a K-major A, a K- or N-major B, a stream
+# over the weight)
 
 FEWROWS = "fewrows_gemm_kernel"
 F32 = torch.float32
