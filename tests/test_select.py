@@ -303,3 +303,11 @@ def test_tf32_one_column_tile_takes_no_cluster_along_n(driver, batch, m, k, n):
 def test_tf32_with_a_weight_takes_the_cooperative_tiles(driver):
     assert pick(driver, 4096, 4096, 4096, dtype="tf32")[0] == "128x256_2x1_coop"
     assert pick(driver, 512, 4096, 512, dtype="tf32")[0] == "128x128_1x1_coop_sk"  # below a wave: split-K
+
+
+@pytest.mark.parametrize("m,expected", [(128, "t64x32k128_pp"), (256, "t64x64_pp")])
+def test_sub_quarter_transposed_grids_take_a_narrower_tile(driver, m, expected):
+    # 128-256 rows of a 1024-wide product: the tile that takes the rows in two column tiles has
+    # 32 tiles (under a quarter of the SMs); a narrower one reaches the quarter in one round.
+    assert 4 * tiles(1024, m, 64, 64 if m == 128 else 128) < SMS
+    assert pick(driver, m, 1024, 1024) == (expected, 1)
