@@ -267,16 +267,23 @@ class GemmKernel:
         return 0 if self.hand_written else 90 if self.family == "sm90" else 80
 
     @property
-    def translation_unit(self) -> str:
-        """The generated .cu file (without suffix) that defines the kernel: one per family and
-        dtype for the hand-written kernels; for a CUTLASS 3.x 16-bit instantiation, one shared by
-        its bf16 and fp16 versions (the two share most of the compiler's template work: one unit
-        of both took 58-64 s of one core against ~100 s for two units); otherwise its own."""
+    def base_unit(self) -> str:
+        """The kernels that always compile together: one per family and dtype for the
+        hand-written kernels; for a CUTLASS 3.x 16-bit instantiation, its bf16 and fp16 versions
+        (the two share most of the compiler's template work: one unit of both took 58-64 s of one
+        core against ~100 s for two units); otherwise the kernel alone. ``translation_units``
+        puts two CUTLASS base units in one file."""
         if self.hand_written:
             return f"{self.family}_{self.dtype}"
         if self.family == "sm90" and self.dtype in ("bf16", "fp16"):
             return self.name.replace(f"sm90_{self.dtype}_", "sm90_16bit_", 1)
         return self.name
+
+    @property
+    def unit_class(self) -> str:
+        """Base units of one class may share a file: the same family (so the same header and
+        gencodes) and, for CUTLASS, 16-bit types apart from TF32."""
+        return f"{self.family}_{'16bit' if self.dtype in ('bf16', 'fp16') else self.dtype}"
 
     def gencodes(self, archs: tuple[str, ...]) -> list[str]:
         """nvcc -gencode flags for the build's target archs: wgmma needs the arch-specific
@@ -421,13 +428,41 @@ def all_kernels() -> list[GemmKernel]:
     return kernels
 
 
+# Base units per generated CUTLASS file. Every unit parses the CUTLASS/CuTe headers again (an
+# empty sm90 unit: 28 s of one core on a 2-core development machine, against 85 s for one kernel),
+# and instantiations of one layout share much of their template work: a unit of two 16-bit base
+# units (four kernels) took 122 s of one core there against 87 s for each alone (bench/NOTES.md
+# section 34).
+BASE_UNITS_PER_FILE = 2
+
+
 def translation_units(kernels: list[GemmKernel]) -> dict[str, list[GemmKernel]]:
-    """``kernels`` grouped by the generated .cu file (name without suffix) that defines them; a
-    group shares one header and one set of gencodes."""
-    groups: dict[str, list[GemmKernel]] = {}
+    """``kernels`` grouped by the generated .cu file (name without suffix) that defines them, in
+    the order of their first kernel: each hand-written base unit alone, the CUTLASS ones in
+    consecutive pairs of one ``unit_class`` (a selective build pairs what it keeps). A group
+    shares one header and one set of gencodes."""
+    bases: dict[str, list[GemmKernel]] = {}
     for kernel in kernels:
-        groups.setdefault(kernel.translation_unit, []).append(kernel)
-    return groups
+        bases.setdefault(kernel.base_unit, []).append(kernel)
+    files: list[tuple[list[str], list[GemmKernel]]] = []
+    open_file: dict[str, tuple[list[str], list[GemmKernel]]] = {}
+    for name, group in bases.items():
+        cls = group[0].unit_class
+        if not group[0].hand_written and cls in open_file:
+            names, members = open_file.pop(cls)
+            names.append(name)
+            members.extend(group)
+            continue
+        entry = ([name], list(group))
+        files.append(entry)
+        if not group[0].hand_written and BASE_UNITS_PER_FILE > 1:
+            open_file[cls] = entry
+    return {"__".join(names): members for names, members in files}
+
+
+def unit_of(kernels: list[GemmKernel]) -> dict[str, str]:
+    """Each kernel's name mapped to the file (``translation_units``' key) that defines it."""
+    return {k.name: unit for unit, group in translation_units(kernels).items() for k in group}
 
 
 def unit_source(group: list[GemmKernel]) -> str:

@@ -145,34 +145,41 @@ def test_build_tree(tmp_path):
     library = _build.write_build_tree(config, tmp_path)
     assert library == tmp_path / _build.LIBRARY_FILE
     ninja = (tmp_path / "build.ninja").read_text()
-    units = {k.translation_unit for k in config.kernels}
+    unit_of = _kernel_table.unit_of(list(config.kernels))
+    units = set(unit_of.values())
     for kernel in config.kernels:
-        source = (tmp_path / "gen" / f"{kernel.translation_unit}.cu").read_text()
+        unit = unit_of[kernel.name]
+        source = (tmp_path / "gen" / f"{unit}.cu").read_text()
         assert source.startswith(_kernel_table.BANNER)
         assert source.count(f"DEFINE_GEMM({kernel.name},") + source.count(f"DEFINE_DIRECT_GEMM({kernel.name},") == 1
-        unit = kernel.translation_unit
         # Relative to the build directory, so that a copied build tree keeps its objects.
         assert f"build obj/{unit}.o: nvcc gen/{unit}.cu\n" in ninja
-    # One file per CUTLASS instantiation (a CUTLASS 3.x one shared with its fp16 twin, not built
-    # here); the hand-written kernels of a family and dtype share one.
-    assert units == {k.name.replace("sm90_bf16_", "sm90_16bit_") for k in config.kernels if not k.hand_written} | {
-        "lowk_bf16"}
+    # The hand-written kernels of a family and dtype share one file; the CUTLASS instantiations
+    # (a CUTLASS 3.x one with its fp16 twin, not built here) go two base units to a file.
+    assert "lowk_bf16" in units
+    cutlass = [k for k in config.kernels if not k.hand_written]
+    bases = {}
+    for kernel in cutlass:
+        bases.setdefault(kernel.unit_class, set()).add(kernel.base_unit)
+    assert set(bases) == {"sm90_16bit", "sm80_16bit", "simt_f32"} and len(bases["sm90_16bit"]) > 2
+    assert len(units) == 1 + sum((len(b) + 1) // 2 for b in bases.values())
     assert sorted(p.stem for p in (tmp_path / "gen").glob("*.cu")) == sorted(units)
     static = _build.static_sources()
     assert "bindings/gemm.cpp" in static and "elementwise/activation_kernels.cu" in static
     hand_written_cu = [rel for rel in static if rel.endswith(".cu")]
     sm90 = [k for k in config.kernels if k.family == "sm90"]
     assert sm90 and len(sm90) < len(config.kernels)
-    assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(sm90) + len(hand_written_cu)
+    sm90_units = {unit_of[k.name] for k in sm90}
+    assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(sm90_units) + len(hand_written_cu)
     # CUTLASS 2.x kernels (Ampere tensor cores, exact-fp32 SIMT) and the hand-written GEMMs are
     # compiled from compute_80.
-    assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(units) - len(sm90)
+    assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(units) - len(sm90_units)
     for rel in static:
         rule = "nvcc" if rel.endswith(".cu") else "cxx"
         assert f"build obj/{rel.replace('/', '_').rsplit('.', 1)[0]}.o: {rule}" in ninja
     assert "build obj/gemm_registry.o: cxx" in ninja
     # The hand-written sources come first (the longest jobs start early).
-    assert ninja.index("build obj/bindings_gemm.o") < ninja.index(f"build obj/{config.kernels[0].translation_unit}.o")
+    assert ninja.index("build obj/bindings_gemm.o") < ninja.index(f"build obj/{unit_of[config.kernels[0].name]}.o")
     assert "-D_GLIBCXX_USE_CXX11_ABI=1" in ninja and "-ltorch_python" in ninja
     registry = (tmp_path / "gen" / "gemm_registry.cpp").read_text()
     assert f"const int kNumGemmKernels = {len(config.kernels)};" in registry
@@ -187,7 +194,7 @@ def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
     _build.write_build_tree(config, tmp_path)
     ninja = (tmp_path / "build.ninja").read_text()
     assert "compute_90a" not in ninja and "sm_90" not in ninja
-    units = {k.translation_unit for k in kernels}
+    units = _kernel_table.translation_units(kernels)
     assert ninja.count("-gencode=arch=compute_80,code=sm_80") == len(units) + sum(
         rel.endswith(".cu") for rel in _build.static_sources())
     # A build for both targets compiles CUTLASS 2.x kernels for each.
@@ -195,23 +202,40 @@ def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
     assert both[0].gencodes(("90a", "80")) == ["-gencode=arch=compute_80,code=sm_90", "-gencode=arch=compute_80,code=sm_80"]
 
 
-def test_sm90_16bit_twins_share_a_unit():
-    """The bf16 and fp16 versions of a CUTLASS 3.x config compile in one unit; tf32 and the other
-    families keep their own, and a selective build of one dtype writes only that dtype's kernel."""
-    units = _kernel_table.translation_units(_kernel_table.all_kernels())
+def test_units_pair_base_units_of_one_class():
+    """The bf16 and fp16 versions of a CUTLASS 3.x config form one base unit; tf32 and the other
+    CUTLASS families' kernels are their own. A file holds two base units of one class (the last
+    of a class may be alone) and the hand-written ones alone; a selective build of one dtype
+    writes only that dtype's kernels."""
+    kernels = _kernel_table.all_kernels()
+    units = _kernel_table.translation_units(kernels)
+    assert sorted(k.name for group in units.values() for k in group) == sorted(k.name for k in kernels)
+    alone = []
     for name, group in units.items():
-        families = {k.family for k in group}
-        assert len(families) == 1
-        if name.startswith("sm90_16bit_"):
-            assert sorted(k.dtype for k in group) == ["bf16", "fp16"]
-            assert len({k.name.replace(f"_{k.dtype}_", "_") for k in group}) == 1
-        elif not group[0].hand_written:
-            assert [k.name for k in group] == [name]
-    assert len(units) < len(_kernel_table.all_kernels())
+        assert len({k.unit_class for k in group}) == 1 and len({k.family for k in group}) == 1
+        bases = list(dict.fromkeys(k.base_unit for k in group))
+        assert name == "__".join(bases)
+        for base in bases:
+            members = [k for k in group if k.base_unit == base]
+            if base.startswith("sm90_16bit_"):
+                assert sorted(k.dtype for k in members) == ["bf16", "fp16"]
+                assert len({k.name.replace(f"_{k.dtype}_", "_") for k in members}) == 1
+            elif not group[0].hand_written:
+                assert [k.name for k in members] == [base]
+        if group[0].hand_written:
+            assert len(bases) == 1
+        else:
+            assert len(bases) <= 2
+            if len(bases) == 1:
+                alone.append(group[0].unit_class)
+    assert len(alone) == len(set(alone))
+    assert len(units) < len({k.base_unit for k in kernels})
     one = _kernel_table.translation_units(_kernel_table.select_kernels("sm90_fp16_kk_bias_act_128x128_1x2_pp"))
     assert list(one) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp"]
     source = _kernel_table.unit_source(one["sm90_16bit_kk_bias_act_128x128_1x2_pp"])
     assert "sm90_fp16_kk_bias_act_128x128_1x2_pp," in source and "sm90_bf16_" not in source
+    two = _kernel_table.translation_units(_kernel_table.select_kernels("sm90_fp16_kk_bias_act_128x128_1x"))
+    assert list(two) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp__sm90_16bit_kk_bias_act_128x128_1x1_coop_sk"]
 
 
 def test_selective_build_and_kernel_table():
@@ -223,10 +247,11 @@ def test_selective_build_and_kernel_table():
     assert _kernel_table.select_kernels("nothing-matches") == []
     assert "kNumGemmKernels = 0" in _kernel_table.registry_source([])
     units = _kernel_table.translation_units(_kernel_table.all_kernels())
+    unit_of = _kernel_table.unit_of(_kernel_table.all_kernels())
     for kernel in _kernel_table.all_kernels():
         assert not (kernel.aux and kernel.a_major != "k")
         macro = "CUTLASS_EXT_DEFINE_DIRECT_GEMM" if kernel.hand_written else "CUTLASS_EXT_DEFINE_GEMM"
-        assert f"{macro}({kernel.name}," in _kernel_table.unit_source(units[kernel.translation_unit])
+        assert f"{macro}({kernel.name}," in _kernel_table.unit_source(units[unit_of[kernel.name]])
         assert kernel.gemm_arch == (0 if kernel.hand_written else 90 if kernel.family == "sm90" else 80)
 
 
