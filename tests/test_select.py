@@ -305,9 +305,21 @@ def test_tf32_with_a_weight_takes_the_cooperative_tiles(driver):
     assert pick(driver, 512, 4096, 512, dtype="tf32")[0] == "128x128_1x1_coop_sk"  # below a wave: split-K
 
 
-@pytest.mark.parametrize("m,expected", [(128, "t64x32k128_pp"), (256, "t64x64_pp")])
-def test_sub_quarter_transposed_grids_take_a_narrower_tile(driver, m, expected):
-    # 128-256 rows of a 1024-wide product: the tile that takes the rows in two column tiles has
-    # 32 tiles (under a quarter of the SMs); a narrower one reaches the quarter in one round.
-    assert 4 * tiles(1024, m, 64, 64 if m == 128 else 128) < SMS
-    assert pick(driver, m, 1024, 1024) == (expected, 1)
+@pytest.mark.parametrize("m,k,n,expected", [
+    (128, 1024, 1024, "t64x32k128_pp"),  # 64 tiles of 32: one round, against 32 of 64
+    (96, 2048, 2048, "t64x32k128_pp"),   # the 64-wide tile holds the rows but costs twice the columns
+    (160, 1024, 2048, "t64x64_pp"),      # 32-wide: two rounds (160 tiles); 64-wide: one (96)
+    (160, 1024, 4096, "t64x32k128_pp"),  # three rounds of 32 columns beat one round of 128
+    (256, 2048, 2048, "t64x64_pp"),      # a tie of 2 x 32 and 1 x 64 columns: the wider tile
+    (256, 1024, 4096, "t64x128_pp"),     # 4 x 32, 2 x 64 and 1 x 128: the widest
+])
+@pytest.mark.parametrize("b_major", ["k", "n"])
+def test_few_rows_over_a_short_k_take_the_tile_of_fewest_round_columns(driver, m, k, n, expected, b_major):
+    assert pick(driver, m, k, n, b_major=b_major) == (expected, 1)
+
+
+def test_rounds_rule_keeps_to_its_measured_range(driver):
+    assert pick(driver, 64, 2048, 1024) == ("t64x32k128_pp", 1)  # up to 64 rows: the narrowest holding them
+    assert pick(driver, 160, 4096, 4096)[0] == "t64x128_pp"  # K > 2048
+    assert pick(driver, 160, 2048, 11008)[0] == "t64x128_pp"  # B over 8M elements
+    assert pick(driver, 128, 1024, 1024, aux=True)[0] == "t64x32k128_pp"  # the aux tiles follow it too

@@ -20,7 +20,15 @@ constexpr int64_t kTransposedMaxM = 256;
 constexpr int64_t kTransposedShortKMaxM = 64;
 constexpr int64_t kTransposedShortK = 12288;
 constexpr int64_t kTransposedMinTiles = 8;
-constexpr int64_t kNarrowerTransposedMaxK = 2048;
+// 65-256 rows with K <= kRoundsMaxK and B of at most kRoundsMaxElements (16 MB of 16-bit values):
+// the non-split transposed tile whose rounds of tiles cost the fewest columns
+// (fewest_round_columns). On the H200 (bf16 matmul and linear, 64-256 rows x K 512-2048 x
+// N 1024-4096: bench/NOTES.md section 34) it was within 2.1% of the best transposed tile on each
+// of 84 shapes, where taking the narrowest tile that holds the rows had been up to 1.23x slower.
+// Longer K and larger B were not measured and keep the rules below.
+constexpr int64_t kRoundsMaxK = 2048;
+constexpr int64_t kRoundsMaxElements = int64_t(8) << 20;
+constexpr int kRoundsMinTileN = 32;
 // TF32 with an N-major B (transposed kernels only; tf32_n_major_kernel). The 64-row ping-pong
 // tile up to this many rows, in one round of tiles, with K up to kTf32PingpongMaxK; past
 // kTf32PingpongShortK only on a quarter of the SMs or more (a few CTAs over a long K stream too
@@ -179,6 +187,29 @@ const GemmKernelEntry* tf32_n_major_kernel(const std::vector<const GemmKernelEnt
   return fitting_sk;  // nullptr past 128 rows: the rules after the transposed-product ones
 }
 
+// Among the non-split transposed tiles of `like`'s row count (tile_m) at least kRoundsMinTileN
+// wide: the one whose grid needs the fewest rounds of tiles over the SMs times the tile's width
+// (a tile's time grows with its width; the narrower tile pays the rounds), the wider one on a
+// tie. At 160 x 1024 -> 4096 three rounds of 32-wide tiles (13.3 us) beat one round of 128-wide
+// ones (14.5; 32 of each tile's 128 columns pad the 160 rows); at 256 x 2048 -> 2048 one round
+// of 64-wide tiles (13.2) beat one of 128-wide ones (13.8). The 16-wide tile was slower than the
+// 32-wide one on every measured shape of more than 64 rows.
+const GemmKernelEntry* fewest_round_columns(const std::vector<const GemmKernelEntry*>& kernels,
+                                            const GemmKernelEntry& like, int64_t M, int64_t N, int64_t L, int sms) {
+  const GemmKernelEntry* pick = nullptr;
+  int64_t pick_cost = 0;
+  for (const GemmKernelEntry* e : kernels) {
+    if (!e->transposed || e->stream_k || e->tile_m != like.tile_m || e->tile_n < kRoundsMinTileN) continue;
+    const int64_t rounds = (output_tiles(*e, M, N, L) + sms - 1) / sms;
+    const int64_t cost = rounds * e->tile_n;
+    if (pick == nullptr || cost < pick_cost || (cost == pick_cost && e->tile_n > pick->tile_n)) {
+      pick = e;
+      pick_cost = cost;
+    }
+  }
+  return pick;
+}
+
 }  // namespace
 
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
@@ -204,31 +235,21 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // Few rows: the transposed kernel with the narrowest tile that takes them in at most two
   // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
   // the SMs, or K is short enough for fewer tiles (above), or it splits K (a narrow N with a
-  // long K, like a weight gradient, goes to split-K).
+  // long K, like a weight gradient, goes to split-K). For 65-256 rows over a short K and a small
+  // B, the tile of fewest round columns instead (kRoundsMaxK).
   if (M <= kTransposedMaxM && !tf32_n_major) {
     const GemmKernelEntry* best = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
     }
     if (best != nullptr) {
+      if (best->stream_k) return best;
+      if (M > kTransposedShortKMaxM && K <= kRoundsMaxK && K * N <= kRoundsMaxElements) {
+        if (const GemmKernelEntry* e = fewest_round_columns(cutlass, *best, M, N, L, sms)) return e;
+      }
       const int64_t tiles = output_tiles(*best, M, N, L);
       const bool short_k = M <= kTransposedShortKMaxM && K <= kTransposedShortK && tiles >= kTransposedMinTiles;
-      if (best->stream_k || tiles * 4 >= sms || short_k) return best;
-      // Under a quarter of the SMs with a K of at most kNarrowerTransposedMaxK (128-256 rows of a
-      // 1024-wide product): the widest narrower transposed tile whose grid reaches that quarter in
-      // one round, rather than split-K and its partial-sum kernel. UNMEASURED: bf16 128 x 1024 ->
-      // 1024 ran 6.0 + 1.6 us of split-K kernels against cuBLAS's single 4.9 us one.
-      if (K <= kNarrowerTransposedMaxK) {
-        const GemmKernelEntry* narrower = nullptr;
-        for (const GemmKernelEntry* e : cutlass) {
-          const int64_t t = output_tiles(*e, M, N, L);
-          if (e->transposed && !e->stream_k && e->tile_m == best->tile_m && e->tile_n < best->tile_n &&
-              4 * t >= sms && t <= sms && (narrower == nullptr || e->tile_n > narrower->tile_n)) {
-            narrower = e;
-          }
-        }
-        if (narrower != nullptr) return narrower;
-      }
+      if (tiles * 4 >= sms || short_k) return best;
     }
   }
   // An epilogue-bound training forward: the cooperative tile (above).
