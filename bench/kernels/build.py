@@ -1,10 +1,10 @@
 """Builds the kernel-level benchmarks of bench/kernels (README.md there) with nvcc, no torch needed:
 
-    python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|streaming|fewrows] [--variants a,...]
+    python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|streaming|fewrows|column_sums] [--variants a,...]
 
 writes bench/kernels/build/gemm_variants (one translation unit per GEMM variant, compiled in
-parallel), bench/kernels/build/layer_norm_rows, bench/kernels/build/streaming_add and
-bench/kernels/build/fewrows_shapes, for sm_90a.
+parallel), bench/kernels/build/layer_norm_rows, bench/kernels/build/streaming_add,
+bench/kernels/build/fewrows_shapes and bench/kernels/build/column_sums, for sm_90a.
 CUTLASS and nvcc are found the way the package's own build finds them (CUTLASS_PATH, the
 nvidia-cutlass wheel; CUDA_HOME, PATH).
 """
@@ -140,10 +140,18 @@ def build_fewrows(nvcc: list[str], out: Path) -> Path:
     return binary
 
 
+def build_column_sums(nvcc: list[str], out: Path) -> Path:
+    """The harness with the package's reduction kernels linked in."""
+    binary = out / "column_sums"
+    run([*nvcc, "-cudart", "static", str(HERE / "column_sums.cu"),
+         str(REPO / "csrc" / "elementwise" / "reduce_kernels.cu"), "-o", str(binary)])
+    return binary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--only", choices=["gemm", "layer_norm", "streaming", "fewrows"], default=None)
+    parser.add_argument("--only", choices=["gemm", "layer_norm", "streaming", "fewrows", "column_sums"], default=None)
     parser.add_argument("--variants", default="", help="comma-separated GEMM variants to build (default: all)")
     args = parser.parse_args()
     nvcc = nvcc_command(find_cuda_home(), list(find_cutlass().include_dirs))
@@ -157,6 +165,8 @@ def main() -> None:
         print("built", build_streaming(nvcc, out))
     if args.only in (None, "fewrows"):
         print("built", build_fewrows(nvcc, out))
+    if args.only in (None, "column_sums"):
+        print("built", build_column_sums(nvcc, out))
 
 
 if __name__ == "__main__":
