@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -36,6 +37,33 @@ constexpr int vec_width() { return 16 / int(sizeof(T)); }
 template <class T, int kVec>
 __device__ __forceinline__ Pack<T, kVec> load_pack(const T* src) {
   return *reinterpret_cast<const Pack<T, kVec>*>(src);
+}
+
+// The same load for data read once (ld.global.cs): its lines are evicted from L2 first, so that
+// streaming them through does not push out (and write back) the dirty lines other kernels left.
+// A column sum of 64 MB timed after a 512 MB memset took 27.6-28.2 us this way against
+// 30.2-30.7 with plain loads on an H200 (bench/kernels/column_sums, bench/NOTES.md section 34);
+// after a read of that buffer (no dirty lines), 24.2 us either way.
+template <class T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> load_pack_once(const T* src) {
+  constexpr int kBytes = int(sizeof(Pack<T, kVec>));
+  Pack<T, kVec> out;
+  if constexpr (kBytes == 16) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(src));
+    memcpy(&out, &v, kBytes);
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(src));
+    memcpy(&out, &v, kBytes);
+  } else if constexpr (kBytes == 4) {
+    const unsigned int v = __ldcs(reinterpret_cast<const unsigned int*>(src));
+    memcpy(&out, &v, kBytes);
+  } else if constexpr (kBytes == 2) {
+    const unsigned short v = __ldcs(reinterpret_cast<const unsigned short*>(src));
+    memcpy(&out, &v, kBytes);
+  } else {
+    out = load_pack<T, kVec>(src);
+  }
+  return out;
 }
 
 template <class T, int kVec>

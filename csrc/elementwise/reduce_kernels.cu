@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
     if (row < p.outer) {
       const T* in = input + row * p.outer_stride;
 #pragma unroll 4
-      for (int64_t v = lane; v < vectors; v += kGroup) acc += pack_sum<T, kVec>(load_pack<T, kVec>(in + v * kVec));
+      for (int64_t v = lane; v < vectors; v += kGroup) acc += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
       for (int64_t e = vectors * kVec + lane; e < p.reduce; e += kGroup) acc += float(in[e]);
     }
 #pragma unroll
@@ -72,11 +72,11 @@ __global__ void __launch_bounds__(kThreads) sum_rows_block_kernel(SumParams p, i
   for (; v + (kUnroll - 1) * kThreads < v_end; v += kUnroll * kThreads) {
     Pack<T, kVec> x[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = load_pack<T, kVec>(in + (v + u * kThreads) * kVec);
+    for (int u = 0; u < kUnroll; ++u) x[u] = load_pack_once<T, kVec>(in + (v + u * kThreads) * kVec);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc += pack_sum<T, kVec>(x[u]);
   }
-  for (; v < v_end; v += kThreads) acc += pack_sum<T, kVec>(load_pack<T, kVec>(in + v * kVec));
+  for (; v < v_end; v += kThreads) acc += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
   if (split == p.splits - 1) {
     for (int64_t e = vectors * kVec + threadIdx.x; e < p.reduce; e += kThreads) acc += float(in[e]);
   }
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
     for (; n >= kColumnUnroll; n -= kColumnUnroll) {
       Pack<T, kVec> x[kColumnUnroll];
 #pragma unroll
-      for (int u = 0; u < kColumnUnroll; ++u) x[u] = load_pack<T, kVec>(in + u * step);
+      for (int u = 0; u < kColumnUnroll; ++u) x[u] = load_pack_once<T, kVec>(in + u * step);
       in += kColumnUnroll * step;
 #pragma unroll
       for (int u = 0; u < kColumnUnroll; ++u) {
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
       }
     }
     for (; n > 0; --n, in += step) {
-      const Pack<T, kVec> x = load_pack<T, kVec>(in);
+      const Pack<T, kVec> x = load_pack_once<T, kVec>(in);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) acc[i] += float(x.v[i]);
     }
