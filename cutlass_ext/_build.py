@@ -328,9 +328,10 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
 
-    # The hand-written sources are listed (and so scheduled by ninja) first: they take 5-36 s each,
-    # and started last, as they were, they left most cores idle in the build's final half minute
-    # (a replay of a full H200 build's ninja log: 240 s as listed before, 234 s this way).
+    # The hand-written sources are listed (and so scheduled by ninja) first: they take 1-56 s each
+    # (bench/results/build-h200.json), and started last, as they once were, they left most cores
+    # idle in the build's final half minute (a replay of a full H200 build's ninja log: 240 s as
+    # listed before, 234 s this way).
     objects, rules = [], []
     for rel in static_sources():
         src = CSRC_DIR / rel
@@ -341,10 +342,9 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
             rules.append(f"build {obj}: cxx {src}\n")
         objects.append(obj)
     # Then the generated units in the kernel table's order, which lists the longest first: on an
-    # H200 machine a CUTLASS 3.x unit took 54-77 s for a bf16/fp16 pair and 47-67 s for tf32, a
-    # CUTLASS 2.x one 26-32 s, SIMT 20-22 s and a hand-written GEMM unit 8-11 s (an earlier
-    # build's ninja log replayed on 16 cores: 217 s in this order, 239 s with the CUTLASS 3.x
-    # units last).
+    # H200 machine a CUTLASS 3.x file (two base units) took 57-88 s, a CUTLASS 2.x one 29-42 s,
+    # SIMT 26 s and a hand-written GEMM unit 5-17 s (an earlier build's ninja log replayed on 16
+    # cores: 217 s in this order, 239 s with the CUTLASS 3.x units last).
     for name, group in _kernel_table.translation_units(list(config.kernels)).items():
         src = gen_dir / f"{name}.cu"
         write_if_changed(src, _kernel_table.unit_source(group))
