@@ -1,7 +1,8 @@
 """The one list of GEMM instantiations.
 
-Each entry becomes one small generated ``.cu`` file (so ninja compiles them in parallel), and the
-generated registry lists exactly the same entries for the host binding's dispatch. Nothing else
+The entries are compiled in small generated ``.cu`` files (two base units each, so that ninja
+compiles many in parallel; ``translation_units``), and the generated registry lists exactly the
+same entries for the host binding's dispatch. Nothing else
 names a kernel: add a config or a layout here and the build, the dispatch and
 ``python -m cutlass_ext.info`` all follow.
 """

@@ -112,6 +112,14 @@ def test_jobs_and_cache_dir(clean_env, tmp_path):
     clean_env.setenv("MAX_JOBS", "many")
     with pytest.raises(_build.BuildError, match="MAX_JOBS"):
         _build.default_jobs()
+    # Without MAX_JOBS: the cores, or fewer where memory runs out first (JOB_MEMORY_GIB a job).
+    clean_env.delenv("MAX_JOBS")
+    clean_env.setattr(_build.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 24 * 2**30 // 4096}
+    clean_env.setattr(_build.os, "sysconf", lambda name: pages[name])
+    assert _build.default_jobs() == 24 // _build.JOB_MEMORY_GIB
+    pages["SC_PHYS_PAGES"] = 256 * 2**30 // 4096
+    assert _build.default_jobs() == 16
     clean_env.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert _build.cache_root() == tmp_path / "xdg" / "cutlass_ext"
     clean_env.setenv("CUTLASS_EXT_CACHE_DIR", str(tmp_path / "cache"))
