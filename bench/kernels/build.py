@@ -122,36 +122,26 @@ def build_gemm(nvcc: list[str], out: Path, jobs: int, only: list[str] | None = N
     return binary
 
 
-def build_layer_norm(nvcc: list[str], out: Path) -> Path:
-    binary = out / "layer_norm_rows"
-    run([*nvcc, "-cudart", "static", str(HERE / "layer_norm_rows.cu"), "-o", str(binary)])
-    return binary
+# The single-program harnesses: --only name -> (binary, the sources compiled into it).
+PROGRAMS = {
+    "layer_norm": ("layer_norm_rows", [HERE / "layer_norm_rows.cu"]),
+    "streaming": ("streaming_add", [HERE / "streaming_add.cu"]),
+    "fewrows": ("fewrows_shapes", [HERE / "fewrows_shapes.cu"]),
+    # The harness with the package's reduction kernels linked in.
+    "column_sums": ("column_sums", [HERE / "column_sums.cu", REPO / "csrc" / "elementwise" / "reduce_kernels.cu"]),
+}
 
 
-def build_streaming(nvcc: list[str], out: Path) -> Path:
-    binary = out / "streaming_add"
-    run([*nvcc, "-cudart", "static", str(HERE / "streaming_add.cu"), "-o", str(binary)])
-    return binary
-
-
-def build_fewrows(nvcc: list[str], out: Path) -> Path:
-    binary = out / "fewrows_shapes"
-    run([*nvcc, "-cudart", "static", str(HERE / "fewrows_shapes.cu"), "-o", str(binary)])
-    return binary
-
-
-def build_column_sums(nvcc: list[str], out: Path) -> Path:
-    """The harness with the package's reduction kernels linked in."""
-    binary = out / "column_sums"
-    run([*nvcc, "-cudart", "static", str(HERE / "column_sums.cu"),
-         str(REPO / "csrc" / "elementwise" / "reduce_kernels.cu"), "-o", str(binary)])
+def build_program(nvcc: list[str], out: Path, name: str, sources: list[Path]) -> Path:
+    binary = out / name
+    run([*nvcc, "-cudart", "static", *[str(s) for s in sources], "-o", str(binary)])
     return binary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--only", choices=["gemm", "layer_norm", "streaming", "fewrows", "column_sums"], default=None)
+    parser.add_argument("--only", choices=["gemm", *PROGRAMS], default=None)
     parser.add_argument("--variants", default="", help="comma-separated GEMM variants to build (default: all)")
     args = parser.parse_args()
     nvcc = nvcc_command(find_cuda_home(), list(find_cutlass().include_dirs))
@@ -159,14 +149,9 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     if args.only in (None, "gemm"):
         print("built", build_gemm(nvcc, out, args.jobs, [v for v in args.variants.split(",") if v]))
-    if args.only in (None, "layer_norm"):
-        print("built", build_layer_norm(nvcc, out))
-    if args.only in (None, "streaming"):
-        print("built", build_streaming(nvcc, out))
-    if args.only in (None, "fewrows"):
-        print("built", build_fewrows(nvcc, out))
-    if args.only in (None, "column_sums"):
-        print("built", build_column_sums(nvcc, out))
+    for only, (name, sources) in PROGRAMS.items():
+        if args.only in (None, only):
+            print("built", build_program(nvcc, out, name, sources))
 
 
 if __name__ == "__main__":
