@@ -109,7 +109,8 @@ TRANSPOSED_CONFIGS = (
     _transposed(16, 256, "M <= 32 (transposed product)" + _ALSO),
     _transposed(32, 256, "M <= 64 (transposed product; also small-M backward and aux outputs)" + _ALSO),
     _transposed(64, 128, "M <= 128 (transposed product)" + _ALSO),
-    _transposed(128, 128, "M <= 256 (transposed product); mid M" + _ALSO),
+    _transposed(128, 128, "M <= 256 (transposed product); mid M" + _ALSO
+                + "; TF32 with an N-major B: one round of tiles, K <= 4096, up to 1024 rows"),
 )
 # TF32: few rows, and the products whose B is N-major (a row-major [K, N] fp32 matrix), which the
 # non-transposed TF32 kernels cannot read without a copy but the transposed product reads as its
@@ -130,12 +131,19 @@ TF32_TRANSPOSED_CONFIGS = (
                    "tiles, at most 128 columns",
                transposed=True),
     # One warpgroup per 64-row tile (as cuBLAS's TF32 kernel for this layout): twice the tiles of
-    # the 128-row configs, for products that fit one round of them over a K of at most 4096.
-    GemmConfig("t64x128_pp_tf32", 64, 128, 1, 1, "Pingpong", "PersistentScheduler",
-               use="TF32 with an N-major B: one round of 64x128 tiles, K <= 4096, up to 1024 rows", transposed=True),
+    # the 128-row configs, for products that fit one round of them over a K of at most 4096. The
+    # 16-bit types' config of the same tile (TF32_K_MAJOR_TRANSPOSED_CONFIGS below).
+    TRANSPOSED_CONFIGS[3],
     GemmConfig("t128x64_coop_sk", 128, 64, 1, 1, "Cooperative", "StreamKScheduler",
                use="TF32 with an N-major B: M = 33-64, split over K", transposed=True),
 )
+
+# TF32 with a K-major B (a linear layer's weight) also takes the 16-bit types' 64-row transposed
+# tiles (32-, 64- and 128-wide; stages of 256, 128 and 128 bytes, so K = 64, 32 and 32 for fp32
+# where the names count 16-bit elements): few columns over many rows (a narrow MLP layer) and products
+# below half a wave of the 128x256 tiles (select_kernel's narrow-N and sub-wave rules), where the
+# 128-row TF32 tiles left most of each tile or most SMs idle.
+TF32_K_MAJOR_TRANSPOSED_CONFIGS = (TF32_TRANSPOSED_CONFIGS[0],) + TRANSPOSED_CONFIGS[1:]
 
 # The subset built for the aux epilogue and the M-major weight (a GELU/SiLU layer's training
 # forward and dX = dY W): the 32-, 64- and 128-wide tiles, for up to 64, 128 and 256 rows and for
@@ -212,8 +220,8 @@ HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG)
 
 def all_configs() -> tuple:
     """Every config of the table, in listing order."""
-    return (SM90_CONFIGS + MID_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS + (K_SLICES_CONFIG,)
-            + SM80_CONFIGS + SIMT_CONFIGS + HAND_WRITTEN_CONFIGS)
+    return tuple(dict.fromkeys(SM90_CONFIGS + MID_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS
+                               + (K_SLICES_CONFIG,) + SM80_CONFIGS + SIMT_CONFIGS + HAND_WRITTEN_CONFIGS))
 
 
 def config_names() -> list[str]:
@@ -376,7 +384,7 @@ def all_kernels() -> list[GemmKernel]:
                     for cfg in TRANSPOSED_CONFIGS if (a, aux) == ("k", False) else TRANSPOSED_TRAINING_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 if dtype == "tf32" and b == "k" and not aux:
-                    for cfg in TF32_TRANSPOSED_CONFIGS if a == "m" else TF32_TRANSPOSED_CONFIGS[:1]:
+                    for cfg in TF32_TRANSPOSED_CONFIGS if a == "m" else TF32_K_MAJOR_TRANSPOSED_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
             # Accumulating into C serves LoRA (the low-rank term, then the main GEMM on top of
             # it) and in-place weight merges; their A operands are fresh K-major tensors. The

@@ -247,7 +247,7 @@ def test_k_slices_cut_k_into_equal_aligned_slices_within_one_round(driver, m, k,
         assert k % (8 * count) == 0 and k // count >= 256 and tiles(m, n, 128, 128) * count <= SMS
 
 
-PINGPONG_TF32 = "t64x128_pp_tf32"
+PINGPONG_TF32 = "t64x128_pp"
 
 
 @pytest.mark.parametrize("m,k,n,expected", [
@@ -302,7 +302,35 @@ def test_tf32_one_column_tile_takes_no_cluster_along_n(driver, batch, m, k, n):
 
 def test_tf32_with_a_weight_takes_the_cooperative_tiles(driver):
     assert pick(driver, 4096, 4096, 4096, dtype="tf32")[0] == "128x256_2x1_coop"
-    assert pick(driver, 512, 4096, 512, dtype="tf32")[0] == "128x128_1x1_coop_sk"  # below a wave: split-K
+    assert pick(driver, 2048, 4096, 4096, dtype="tf32")[0] == "128x256_2x1_coop"  # two rounds, the last 94% full
+
+
+@pytest.mark.parametrize("m,k,n,expected", [
+    # Up to 64 rows: the 32-wide ping-pong tile, not the stream-K tile of the same width.
+    (16, 1024, 1024, "t64x32k128_pp"), (64, 4096, 4096, "t64x32k128_pp"), (16, 11008, 4096, "t64x32k128_pp"),
+    # ... unless its tiles are too few over a long K: the stream-K one splits K.
+    (32, 16384, 1024, "t128x32_coop_sk"),
+    # 65-256 rows over a short K and a small B: the rounds rule, as for 16-bit types.
+    (96, 2048, 2048, "t64x32k128_pp"), (256, 1024, 1024, "t64x32k128_pp"),
+    # Past it: whole column tiles in one round, K <= 4096 ...
+    (128, 4096, 4096, "t64x64_pp"), (256, 4096, 4096, "t64x128_pp"),
+    # ... else (a partial column tile, more than a round, a longer K) the split-K 128x128 tile.
+    (96, 4096, 4096, "128x128_1x1_coop_sk"), (192, 4096, 4096, "128x128_1x1_coop_sk"),
+    (128, 4096, 11008, "128x128_1x1_coop_sk"), (256, 11008, 4096, "128x128_1x1_coop_sk"),
+    # More rows: a nearly full round of 128x256 tiles runs data-parallel ...
+    (2048, 2048, 2048, "128x256_2x1_coop"), (1024, 1024, 4096, "128x256_2x1_coop"),
+    # ... a last round under half full after one or two full ones takes stream-K ...
+    (512, 4096, 11008, "128x128_1x1_coop_sk"), (3072, 3072, 3072, "128x128_1x1_coop_sk"),
+    # ... and so does half a round (the 64x128 tiles of the 16-bit mid-M rule are not taken).
+    (1536, 1536, 1536, "128x128_1x1_coop_sk"), (512, 4096, 4096, "128x128_1x1_coop_sk"),
+    # Below half a round: the 64-row transposed tiles, as for 16-bit types.
+    (512, 4096, 512, "t64x32k128_pp"), (1024, 1024, 1024, "t64x128_pp"),
+    # Few columns over many rows (a DLRM MLP): the narrow-N rule's 64-row tiles.
+    (2048, 512, 256, "t64x32k128_pp"), (65536, 512, 256, "t64x128_pp"), (65536, 64, 16, "t64x64_pp"),
+])
+def test_tf32_with_a_weight(driver, m, k, n, expected):
+    # Each case was measured on an H200 (bench/NOTES.md section 35).
+    assert pick(driver, m, k, n, dtype="tf32")[0] == expected
 
 
 @pytest.mark.parametrize("m,k,n,expected", [

@@ -37,6 +37,15 @@ constexpr int64_t kTf32PingpongMaxM = 1024;
 constexpr int64_t kTf32PingpongMaxK = 4096;
 constexpr int64_t kTf32PingpongShortK = 2048;
 constexpr int64_t kTf32SmallBElements = int64_t(4) << 20;
+// TF32 with a K-major B (a weight's transpose) past the rounds rule's K and B (65-256 rows): the
+// narrowest 64-row transposed tile whose column tiles the rows fill exactly and whose grid runs in
+// one round, with K up to kTf32PingpongMaxK (tf32_full_column_tiles); else the general rules
+// (the split-K 128x128 tile).
+// TF32 with a K-major B, more than kTransposedMaxM rows: the data-parallel 128x256 tiles where
+// they fill at least kTf32OneRoundFill of one round, and the stream-K config where the last of
+// two or three rounds is less than half full (tf32_round_kernel).
+constexpr double kTf32OneRoundFill = 0.75;
+constexpr int64_t kTf32StreamKMaxRounds = 3;
 // Else up to kTransposedMaxM rows: the narrowest stream-K tile re-reads B once per tile_n rows of
 // A; while those reads total at most this many elements (64 MB of fp32, B held in L2) its CTAs
 // beat the wider tiles.
@@ -210,6 +219,40 @@ const GemmKernelEntry* fewest_round_columns(const std::vector<const GemmKernelEn
   return pick;
 }
 
+// TF32 with a K-major B, 65-256 rows over a long K or a large B: the narrowest 64-row transposed
+// tile that takes the rows in whole column tiles, in one round of tiles; nullptr if none. Measured
+// on an H200 (CUDA graphs, bias+ReLU, bench/NOTES.md section 35): 128 x 4096 -> 4096 32.3 us with
+// the 64x64 tile against 43.1 for the split-K 128x128 tile (cuBLASLt 39.1), 256 x 4096 -> 4096
+// 40.2 with the 64x128 tile against 45.6. A column tile that the rows fill only in part ran
+// 1.2-1.5x slower than a full one (192 x 4096 -> 4096 on 64x128 tiles: 58.9 us, against 40.2 at
+// 256 rows on the same grid), and over a longer K (11008) the split-K tile won.
+const GemmKernelEntry* tf32_full_column_tiles(const std::vector<const GemmKernelEntry*>& kernels, int64_t M,
+                                              int64_t N, int64_t L, int sms) {
+  const GemmKernelEntry* pick = nullptr;
+  for (const GemmKernelEntry* e : kernels) {
+    if (!e->transposed || e->stream_k || e->tile_m != 64 || M % e->tile_n != 0 || output_tiles(*e, M, N, L) > sms) {
+      continue;
+    }
+    if (pick == nullptr || e->tile_n < pick->tile_n) pick = e;
+  }
+  return pick;
+}
+
+// TF32 with a K-major B and more than kTransposedMaxM rows, by the rounds of the data-parallel
+// 128x256 tiles (`dp`, `tiles` of them): `dp` when they fill at least kTf32OneRoundFill of one
+// round, the stream-K config `sk` (a 128x128 tile) when two or three rounds leave the last less
+// than half full; else nullptr. Measured on an H200 (CUDA graphs, bias+ReLU, bench/NOTES.md
+// section 35): 2048^3 55.0 us data-parallel against 67.1 for stream-K (cuBLASLt 50.6), 1024 x
+// 1024 -> 4096 34.4 against 42.8; 512 x 4096 -> 11008 (1.3 rounds) 141.2 with stream-K against
+// 181.3, 3072^3 (2.2 rounds) 187.1 against 201.9. At 0.55 of a round (1536^3) the stream-K
+// config stayed ahead (37.2 against 41.3).
+const GemmKernelEntry* tf32_round_kernel(const GemmKernelEntry& dp, const GemmKernelEntry* sk, int64_t tiles,
+                                         int sms) {
+  if (tiles <= sms && double(tiles) >= kTf32OneRoundFill * sms) return &dp;
+  if (sk != nullptr && tiles > sms && tiles < kTf32StreamKMaxRounds * sms && 2 * (tiles % sms) < sms) return sk;
+  return nullptr;
+}
+
 }  // namespace
 
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
@@ -228,7 +271,8 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // none, and then the general rules apply).
   const bool only_transposed =
       std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
-  const bool tf32_n_major = only_transposed && cutlass.front()->dtype == DType::kF32;
+  const bool tf32 = cutlass.front()->dtype == DType::kF32;
+  const bool tf32_n_major = only_transposed && tf32;
   if (tf32_n_major) {
     if (const GemmKernelEntry* e = tf32_n_major_kernel(cutlass, M, N, K, L, sms)) return e;
   }
@@ -237,19 +281,37 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // the SMs, or K is short enough for fewer tiles (above), or it splits K (a narrow N with a
   // long K, like a weight gradient, goes to split-K). For 65-256 rows over a short K and a small
   // B, the tile of fewest round columns instead (kRoundsMaxK).
+  // TF32 (whose transposed tiles for a K-major B include a stream-K one as narrow as the 32-wide
+  // ping-pong tile) takes the ping-pong tile on a tie: 1024^2 with 16-64 rows 10.8-10.9 us against
+  // 21.1-21.2, 64 x 4096 -> 4096 30.6 against 34.8 (H200, bench/NOTES.md section 35). Past 64 rows
+  // outside the rounds rule's range it takes whole column tiles in one round, or the general rules.
   if (M <= kTransposedMaxM && !tf32_n_major) {
     const GemmKernelEntry* best = nullptr;
+    const GemmKernelEntry* best_split = nullptr;  // the narrowest stream-K one, where the ping-pong tile is not taken
     for (const GemmKernelEntry* e : cutlass) {
-      if (e->transposed && 2 * e->tile_n >= M && (best == nullptr || e->tile_n < best->tile_n)) best = e;
+      if (!e->transposed || 2 * e->tile_n < M) continue;
+      if (best == nullptr || e->tile_n < best->tile_n || (e->tile_n == best->tile_n && best->stream_k && !e->stream_k)) {
+        best = e;
+      }
+      if (e->stream_k && (best_split == nullptr || e->tile_n < best_split->tile_n)) best_split = e;
     }
     if (best != nullptr) {
       if (best->stream_k) return best;
       if (M > kTransposedShortKMaxM && K <= kRoundsMaxK && K * N <= kRoundsMaxElements) {
         if (const GemmKernelEntry* e = fewest_round_columns(cutlass, *best, M, N, L, sms)) return e;
       }
+      if (tf32 && M > kTransposedShortKMaxM) {
+        if (K <= kTf32PingpongMaxK) {
+          if (const GemmKernelEntry* e = tf32_full_column_tiles(cutlass, M, N, L, sms)) return e;
+        }
+        best = nullptr;  // the general rules
+      }
+    }
+    if (best != nullptr) {
       const int64_t tiles = output_tiles(*best, M, N, L);
       const bool short_k = M <= kTransposedShortKMaxM && K <= kTransposedShortK && tiles >= kTransposedMinTiles;
       if (tiles * 4 >= sms || short_k) return best;
+      if (best_split != nullptr && best_split->tile_n == best->tile_n) return best_split;
     }
   }
   // An epilogue-bound training forward: the cooperative tile (above).
@@ -322,7 +384,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry* narrow = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (!e->transposed && !e->stream_k && e != best_dp && coop == nullptr) coop = e;
-      if (e->transposed && !e->stream_k && e->tile_m == 64 && e->tile_n == 128) narrow = e;
+      // Not for TF32: its 64x128 tiles ran 1.2-1.5x slower than the 128x128 stream-K tiles there
+      // (512 x 4096 -> 11008: 217.0 against 141.2 us; 1536^3: 41.8 against 37.2).
+      if (e->transposed && !e->stream_k && e->tile_m == 64 && e->tile_n == 128 && !tf32) narrow = e;
     }
     if ((coop != nullptr || narrow != nullptr) && 2 * dp_tiles >= sms && dp_tiles < 2 * int64_t(sms)) {
       auto last_wave_fill = [&](const GemmKernelEntry& e) {
@@ -333,6 +397,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;
       if (pick != best_dp) return pick;  // else the rule below (data-parallel from one wave)
     }
+  }
+  if (tf32 && best_dp != nullptr && !only_transposed && M > kTransposedMaxM) {
+    if (const GemmKernelEntry* e = tf32_round_kernel(*best_dp, best_sk, dp_tiles, sms)) return e;
   }
   // Below half a wave of 128x128 tiles (squares of 512-1024, a 1024 x 1024 output over K = 4096;
   // fewer columns follow the narrow-N rule above), those tiles leave most SMs idle and split-K pays
