@@ -308,8 +308,8 @@ def test_tf32_with_a_weight_takes_the_cooperative_tiles(driver):
 @pytest.mark.parametrize("m,k,n,expected", [
     # Up to 64 rows: the 32-wide ping-pong tile, not the stream-K tile of the same width.
     (16, 1024, 1024, "t64x32k128_pp"), (64, 4096, 4096, "t64x32k128_pp"), (16, 11008, 4096, "t64x32k128_pp"),
-    # ... unless its tiles are too few over a long K: the stream-K one splits K.
-    (32, 16384, 1024, "t128x32_coop_sk"),
+    # ... unless its tiles take more than a round, or are too few over a long K: the stream-K one.
+    (16, 4096, 11008, "t128x32_coop_sk"), (64, 4096, 11008, "t128x32_coop_sk"), (32, 16384, 1024, "t128x32_coop_sk"),
     # 65-256 rows over a short K and a small B: the rounds rule, as for 16-bit types.
     (96, 2048, 2048, "t64x32k128_pp"), (256, 1024, 1024, "t64x32k128_pp"),
     # Past it: whole column tiles in one round, K <= 4096 ...

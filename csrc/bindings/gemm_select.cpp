@@ -282,9 +282,10 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // long K, like a weight gradient, goes to split-K). For 65-256 rows over a short K and a small
   // B, the tile of fewest round columns instead (kRoundsMaxK).
   // TF32 (whose transposed tiles for a K-major B include a stream-K one as narrow as the 32-wide
-  // ping-pong tile) takes the ping-pong tile on a tie: 1024^2 with 16-64 rows 10.8-10.9 us against
-  // 21.1-21.2, 64 x 4096 -> 4096 30.6 against 34.8 (H200, bench/NOTES.md section 35). Past 64 rows
-  // outside the rounds rule's range it takes whole column tiles in one round, or the general rules.
+  // ping-pong tile) takes the ping-pong tile on a tie where its grid runs in one round: 1024^2
+  // with 16-64 rows 10.8-10.9 us against 21.1-21.2, 64 x 4096 -> 4096 30.6 against 34.8 (H200,
+  // bench/NOTES.md section 35). Past 64 rows outside the rounds rule's range it takes whole column
+  // tiles in one round, or the general rules.
   if (M <= kTransposedMaxM && !tf32_n_major) {
     const GemmKernelEntry* best = nullptr;
     const GemmKernelEntry* best_split = nullptr;  // the narrowest stream-K one, where the ping-pong tile is not taken
@@ -310,8 +311,12 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     if (best != nullptr) {
       const int64_t tiles = output_tiles(*best, M, N, L);
       const bool short_k = M <= kTransposedShortKMaxM && K <= kTransposedShortK && tiles >= kTransposedMinTiles;
+      // TF32's stream-K tile of the same width past one round of ping-pong tiles: 16 x 4096 ->
+      // 11008 (172 tiles) 64.0 us against 66.0 on an H200 (bench/NOTES.md section 35).
+      const bool split_instead = best_split != nullptr && best_split->tile_n == best->tile_n;
+      if (split_instead && tiles > sms) return best_split;
       if (tiles * 4 >= sms || short_k) return best;
-      if (best_split != nullptr && best_split->tile_n == best->tile_n) return best_split;
+      if (split_instead) return best_split;
     }
   }
   // An epilogue-bound training forward: the cooperative tile (above).
