@@ -145,6 +145,9 @@ TF32_TRANSPOSED_CONFIGS = (
 # 128-row TF32 tiles left most of each tile or most SMs idle.
 TF32_K_MAJOR_TRANSPOSED_CONFIGS = (TF32_TRANSPOSED_CONFIGS[0],) + TRANSPOSED_CONFIGS[1:]
 
+# TF32 with an N-major B: also the 32- and 64-wide 64-row tiles, for few rows.
+TF32_N_MAJOR_TRANSPOSED_CONFIGS = TF32_TRANSPOSED_CONFIGS + TRANSPOSED_CONFIGS[1:3]
+
 # The subset built for the aux epilogue and the M-major weight (a GELU/SiLU layer's training
 # forward and dX = dY W): the 32-, 64- and 128-wide tiles, for up to 64, 128 and 256 rows and for
 # products below half a wave of 128x128 tiles (a 1024^3 layer); wider rows take the
@@ -384,7 +387,7 @@ def all_kernels() -> list[GemmKernel]:
                     for cfg in TRANSPOSED_CONFIGS if (a, aux) == ("k", False) else TRANSPOSED_TRAINING_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 if dtype == "tf32" and b == "k" and not aux:
-                    for cfg in TF32_TRANSPOSED_CONFIGS if a == "m" else TF32_K_MAJOR_TRANSPOSED_CONFIGS:
+                    for cfg in TF32_N_MAJOR_TRANSPOSED_CONFIGS if a == "m" else TF32_K_MAJOR_TRANSPOSED_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
             # Accumulating into C serves LoRA (the low-rank term, then the main GEMM on top of
             # it) and in-place weight merges; their A operands are fresh K-major tensors. The

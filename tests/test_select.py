@@ -253,8 +253,10 @@ PINGPONG_TF32 = "t64x128_pp"
 @pytest.mark.parametrize("m,k,n,expected", [
     # The 64-row ping-pong tile: one round of tiles, K <= 4096; up to 64 rows only for a small B.
     (128, 4096, 4096, PINGPONG_TF32), (256, 4096, 4096, PINGPONG_TF32), (96, 4096, 4096, PINGPONG_TF32),
-    (1024, 1024, 1024, PINGPONG_TF32), (32, 1024, 1024, PINGPONG_TF32), (192, 2048, 2048, PINGPONG_TF32),
-    (512, 2048, 2048, PINGPONG_TF32),
+    (1024, 1024, 1024, PINGPONG_TF32), (512, 2048, 2048, PINGPONG_TF32),
+    # Up to 512 rows of a small B over a short K: the tile of fewest rounds x width.
+    (32, 1024, 1024, "t64x32k128_pp"), (96, 2048, 2048, "t64x32k128_pp"), (192, 2048, 2048, "t64x64_pp"),
+    (256, 1024, 1024, "t64x32k128_pp"),
     # Split over K: the 32-wide tile where its re-reads of B stay in L2, else the narrowest at
     # least M wide, up to 128 rows.
     (1, 4096, 4096, "t128x32_coop_sk"), (32, 4096, 4096, "t128x32_coop_sk"), (64, 4096, 4096, "t128x64_coop_sk"),

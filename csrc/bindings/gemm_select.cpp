@@ -37,6 +37,7 @@ constexpr int64_t kTf32PingpongMaxM = 1024;
 constexpr int64_t kTf32PingpongMaxK = 4096;
 constexpr int64_t kTf32PingpongShortK = 2048;
 constexpr int64_t kTf32SmallBElements = int64_t(4) << 20;
+constexpr int64_t kTf32RoundsMaxM = 512;  // the rounds rule's rows with an N-major B (tf32_n_major_kernel)
 // TF32 with a K-major B (a weight's transpose) past the rounds rule's K and B (65-256 rows): the
 // narrowest 64-row transposed tile whose column tiles the rows fill exactly and whose grid runs in
 // one round, with K up to kTf32PingpongMaxK (tf32_full_column_tiles); else the general rules
@@ -156,46 +157,6 @@ const GemmKernelEntry* wider_cluster_twin(const std::vector<const GemmKernelEntr
   return &dp;
 }
 
-// TF32 with an N-major B, which only the transposed kernels read (as their M-major first operand,
-// transposed in registers), up to a few hundred rows; nullptr for the general rules. Measured on
-// an H200 (CUDA graphs, bench/NOTES.md section 33,
-// bench/results/matmul-tf32-nmajor-configs-h200.json):
-// - the 64-row ping-pong tile in one round of tiles with K <= 4096 (kTf32PingpongMaxM and the
-//   constants after it): 128 x 4096 -> 4096 40.9 us against 47.5 for the 128x128 stream-K tile
-//   (cuBLAS 38.9), 1024^3 19.2 against 25.6 (17.5), 256 x 2048 -> 2048 23.8 against 31.6; with
-//   more tiles or a longer K the 128-row tiles were faster (512 x 4096 -> 4096 99.3 against 85.2,
-//   128 x 4096 -> 11008 92.7 against 77.4), as were the split-K tiles on few CTAs over a long K
-//   (128 x 4096 -> 1024: 16 tiles, 37.3 against 29.2 for the 128x32 tile) and at 64 rows of a
-//   large B the 128x64 tile (53.6 against 42.2 at 4096^2);
-// - else up to kTransposedMaxM rows the narrowest stream-K tile where its re-reads of B stay in L2
-//   (kTransposedRereadMaxElements), and otherwise up to 128 rows the narrowest one at least M
-//   wide: 64 x 4096 -> 11008 76.2 us with the 128x64 tile against 103.0 with the 128x32 one
-//   (cuBLAS 67.3). Past 128 rows the general rules below choose between the 128x128 and 128x256
-//   tiles: 256 x 4096 -> 11008 91.8 us with the 128x256 tiles against 123.8.
-const GemmKernelEntry* tf32_n_major_kernel(const std::vector<const GemmKernelEntry*>& kernels, int64_t M, int64_t N,
-                                           int64_t K, int64_t L, int sms) {
-  const GemmKernelEntry* pingpong = nullptr;
-  const GemmKernelEntry* narrowest_sk = nullptr;
-  const GemmKernelEntry* fitting_sk = nullptr;
-  for (const GemmKernelEntry* e : kernels) {
-    if (!e->stream_k && e->tile_m == 64) pingpong = e;
-    if (!e->stream_k) continue;
-    if (narrowest_sk == nullptr || e->tile_n < narrowest_sk->tile_n) narrowest_sk = e;
-    if (e->tile_n >= M && (fitting_sk == nullptr || e->tile_n < fitting_sk->tile_n)) fitting_sk = e;
-  }
-  const int64_t pingpong_tiles = pingpong != nullptr ? output_tiles(*pingpong, M, N, L) : 0;
-  if (pingpong != nullptr && M <= kTf32PingpongMaxM && K <= kTf32PingpongMaxK && pingpong_tiles <= sms &&
-      (K <= kTf32PingpongShortK || 4 * pingpong_tiles >= sms) && (M > 64 || K * N <= kTf32SmallBElements)) {
-    return pingpong;
-  }
-  if (M > kTransposedMaxM) return nullptr;
-  if (narrowest_sk != nullptr &&
-      (M + narrowest_sk->tile_n - 1) / narrowest_sk->tile_n * K * N * L <= kTransposedRereadMaxElements) {
-    return narrowest_sk;
-  }
-  return fitting_sk;  // nullptr past 128 rows: the rules after the transposed-product ones
-}
-
 // Among the non-split transposed tiles of `like`'s row count (tile_m) at least kRoundsMinTileN
 // wide: the one whose grid needs the fewest rounds of tiles over the SMs times the tile's width
 // (a tile's time grows with its width; the narrower tile pays the rounds), the wider one on a
@@ -217,6 +178,53 @@ const GemmKernelEntry* fewest_round_columns(const std::vector<const GemmKernelEn
     }
   }
   return pick;
+}
+
+// TF32 with an N-major B, which only the transposed kernels read (as their M-major first operand,
+// transposed in registers), up to a few hundred rows; nullptr for the general rules. Measured on
+// an H200 (CUDA graphs, bench/NOTES.md sections 33 and 35,
+// bench/results/matmul-tf32-nmajor-configs-h200.json):
+// - up to kTf32RoundsMaxM rows of a small B (kTf32SmallBElements) over K <= kTf32PingpongShortK,
+//   the 64-row tile of fewest rounds x width (fewest_round_columns, as for 16-bit types): 32-64
+//   rows of 1024^2 12.5-12.6 us with the 32-wide tile against 15.3-15.4 with the 64x128 one
+//   (cuBLAS 11.1-11.4), 96 x 2048^2 19.4 against 23.2, 192 x 2048^2 22.7 with the 64-wide tile;
+// - the 64-row ping-pong tile in one round of tiles with K <= 4096 (kTf32PingpongMaxM and the
+//   constants after it): 128 x 4096 -> 4096 40.9 us against 47.5 for the 128x128 stream-K tile
+//   (cuBLAS 38.9), 1024^3 19.2 against 25.6 (17.5), 256 x 2048 -> 2048 23.8 against 31.6; with
+//   more tiles or a longer K the 128-row tiles were faster (512 x 4096 -> 4096 99.3 against 85.2,
+//   128 x 4096 -> 11008 92.7 against 77.4), as were the split-K tiles on few CTAs over a long K
+//   (128 x 4096 -> 1024: 16 tiles, 37.3 against 29.2 for the 128x32 tile) and at 64 rows of a
+//   large B the 128x64 tile (53.6 against 42.2 at 4096^2);
+// - else up to kTransposedMaxM rows the narrowest stream-K tile where its re-reads of B stay in L2
+//   (kTransposedRereadMaxElements), and otherwise up to 128 rows the narrowest one at least M
+//   wide: 64 x 4096 -> 11008 76.2 us with the 128x64 tile against 103.0 with the 128x32 one
+//   (cuBLAS 67.3). Past 128 rows the general rules below choose between the 128x128 and 128x256
+//   tiles: 256 x 4096 -> 11008 91.8 us with the 128x256 tiles against 123.8.
+const GemmKernelEntry* tf32_n_major_kernel(const std::vector<const GemmKernelEntry*>& kernels, int64_t M, int64_t N,
+                                           int64_t K, int64_t L, int sms) {
+  const GemmKernelEntry* pingpong = nullptr;
+  const GemmKernelEntry* narrowest_sk = nullptr;
+  const GemmKernelEntry* fitting_sk = nullptr;
+  for (const GemmKernelEntry* e : kernels) {
+    if (!e->stream_k && e->tile_m == 64 && e->tile_n == 128) pingpong = e;
+    if (!e->stream_k) continue;
+    if (narrowest_sk == nullptr || e->tile_n < narrowest_sk->tile_n) narrowest_sk = e;
+    if (e->tile_n >= M && (fitting_sk == nullptr || e->tile_n < fitting_sk->tile_n)) fitting_sk = e;
+  }
+  if (pingpong != nullptr && M <= kTf32RoundsMaxM && K <= kTf32PingpongShortK && K * N <= kTf32SmallBElements) {
+    if (const GemmKernelEntry* e = fewest_round_columns(kernels, *pingpong, M, N, L, sms)) return e;
+  }
+  const int64_t pingpong_tiles = pingpong != nullptr ? output_tiles(*pingpong, M, N, L) : 0;
+  if (pingpong != nullptr && M <= kTf32PingpongMaxM && K <= kTf32PingpongMaxK && pingpong_tiles <= sms &&
+      (K <= kTf32PingpongShortK || 4 * pingpong_tiles >= sms) && (M > 64 || K * N <= kTf32SmallBElements)) {
+    return pingpong;
+  }
+  if (M > kTransposedMaxM) return nullptr;
+  if (narrowest_sk != nullptr &&
+      (M + narrowest_sk->tile_n - 1) / narrowest_sk->tile_n * K * N * L <= kTransposedRereadMaxElements) {
+    return narrowest_sk;
+  }
+  return fitting_sk;  // nullptr past 128 rows: the rules after the transposed-product ones
 }
 
 // TF32 with a K-major B, 65-256 rows over a long K or a large B: the narrowest 64-row transposed
