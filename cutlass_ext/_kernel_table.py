@@ -389,6 +389,11 @@ def all_kernels() -> list[GemmKernel]:
                 if dtype == "tf32" and b == "k" and not aux:
                     for cfg in TF32_N_MAJOR_TRANSPOSED_CONFIGS if a == "m" else TF32_K_MAJOR_TRANSPOSED_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
+                # The TF32 training forward of a GELU/SiLU layer (the aux output) with few rows or
+                # few columns: the same 64-row tiles as without it.
+                if dtype == "tf32" and (a, b) == ("k", "k") and aux:
+                    for cfg in TRANSPOSED_TRAINING_CONFIGS:
+                        kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
             # Accumulating into C serves LoRA (the low-rank term, then the main GEMM on top of
             # it) and in-place weight merges; their A operands are fresh K-major tensors. The
             # data-parallel preferred config and the stream-K config cover large and small M.
@@ -405,8 +410,11 @@ def all_kernels() -> list[GemmKernel]:
             # N-major B) have no bias or activation. K slices serve weight gradients over many rows
             # (a one-row A counts as K-major). Where the epilogue is exposed (a short K) the plain
             # one takes 0.6x the time of the bias and activation one (bench/NOTES.md section 23).
-            if dtype != "tf32" and b == "n":
+            # TF32 reads the weight gradient's layout (an M-major A and N-major B) only: its K-major A
+            # with an N-major B is copied (above).
+            if b == "n":
                 kernels.append(GemmKernel("sm90", dtype, a, b, False, K_SLICES_CONFIG, k_slices=True))
+            if dtype != "tf32" and b == "n":
                 for cfg in SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, plain=True))
     for dtype in ("bf16", "fp16", "tf32"):

@@ -336,6 +336,15 @@ def test_tf32_with_a_weight(driver, m, k, n, expected):
 
 
 @pytest.mark.parametrize("m,k,n,expected", [
+    (16, 4096, 4096, "t64x32k128_pp"), (128, 4096, 4096, "t64x64_pp"), (65536, 64, 16, "t64x64_pp"),
+    (2048, 256, 64, "t64x32k128_pp"), (4096, 4096, 4096, "128x256_2x1_coop"),
+])
+def test_tf32_training_forward_takes_the_same_tiles(driver, m, k, n, expected):
+    # The aux (pre-activation) kernels of a GELU/SiLU layer include the 32-128 wide 64-row tiles.
+    assert pick(driver, m, k, n, dtype="tf32", aux=True)[0] == expected
+
+
+@pytest.mark.parametrize("m,k,n,expected", [
     (128, 1024, 1024, "t64x32k128_pp"),  # 64 tiles of 32: one round, against 32 of 64
     (96, 2048, 2048, "t64x32k128_pp"),   # the 64-wide tile holds the rows but costs twice the columns
     (160, 1024, 2048, "t64x64_pp"),      # 32-wide: two rounds (160 tiles); 64-wide: one (96)
