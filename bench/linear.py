@@ -90,7 +90,9 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default="fwd,fwdbwd", help="fwd (bias+ReLU) and/or fwdbwd (bias+GELU)")
     parser.add_argument("--sets", default="llm,dlrm,square")
     parser.add_argument("--providers", default="cutlass_ext,eager,cublaslt,compile")
-    parser.add_argument("--bwd-dtypes", default="bf16", help="dtypes for fwdbwd (it is the slow mode)")
+    parser.add_argument("--bwd-dtypes", default="bf16,tf32",
+                        help="dtypes for fwdbwd (the slow mode): bf16 and TF32 by default, whose backward "
+                             "GEMMs take different kernels (fp16 takes bf16's configs)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
