@@ -264,6 +264,25 @@ def test_selective_build_and_kernel_table():
         assert kernel.gemm_arch == (0 if kernel.hand_written else 90 if kernel.family == "sm90" else 80)
 
 
+def test_config_names_are_unique_and_tf32_covers_its_training_layouts():
+    # A config shared by several dtypes (the 64-row transposed tiles) is listed once, so a name
+    # means one tile, stage depth and schedule whatever the dtype.
+    names = _kernel_table.config_names()
+    assert len(names) == len(set(names))
+    by_name = {cfg.name: cfg for cfg in _kernel_table.all_configs()}
+    tf32 = [k for k in _kernel_table.all_kernels() if k.family == "sm90" and k.dtype == "tf32"]
+    for kernel in tf32:
+        assert by_name[kernel.config.name] is kernel.config
+    transposed = {(k.a_major, k.b_major, k.aux, k.config.name) for k in tf32 if k.config.transposed}
+    for tile in ("t64x32k128_pp", "t64x64_pp", "t64x128_pp"):
+        # A weight's forward, with and without the pre-activation, and a row-major B.
+        assert {("k", "k", False, tile), ("k", "k", True, tile), ("m", "k", False, tile)} <= transposed
+    # TF32 weight gradients (an M-major A, an N-major B) run as K slices; its K-major A with an
+    # N-major B is copied to K-major first, so it has no kernels of its own.
+    assert [(k.a_major, k.b_major) for k in tf32 if k.k_slices] == [("m", "n")]
+    assert not [k for k in tf32 if (k.a_major, k.b_major) == ("k", "n")]
+
+
 def test_registry_rows_carry_cluster_size_and_occupancy_query():
     kernels = _kernel_table.all_kernels()
     src = _kernel_table.registry_source(kernels)
