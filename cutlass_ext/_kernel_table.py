@@ -386,13 +386,13 @@ def all_kernels() -> list[GemmKernel]:
                 if dtype != "tf32" and b == "k" and (a == "k" or not aux):
                     for cfg in TRANSPOSED_CONFIGS if (a, aux) == ("k", False) else TRANSPOSED_TRAINING_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
-                if dtype == "tf32" and b == "k" and not aux:
-                    for cfg in TF32_N_MAJOR_TRANSPOSED_CONFIGS if a == "m" else TF32_K_MAJOR_TRANSPOSED_CONFIGS:
-                        kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
-                # The TF32 training forward of a GELU/SiLU layer (the aux output) with few rows or
-                # few columns: the same 64-row tiles as without it.
-                if dtype == "tf32" and (a, b) == ("k", "k") and aux:
-                    for cfg in TRANSPOSED_TRAINING_CONFIGS:
+                # TF32: its own lists without the aux output (A' = the weight, K-major or, for a
+                # row-major B, M-major); with it (a GELU/SiLU layer's training forward, K-major
+                # A') the same 64-row tiles as the 16-bit types.
+                if dtype == "tf32" and b == "k":
+                    tf32_configs = (TRANSPOSED_TRAINING_CONFIGS if aux else TF32_N_MAJOR_TRANSPOSED_CONFIGS
+                                    if a == "m" else TF32_K_MAJOR_TRANSPOSED_CONFIGS)
+                    for cfg in tf32_configs:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
             # Accumulating into C serves LoRA (the low-rank term, then the main GEMM on top of
             # it) and in-place weight merges; their A operands are fresh K-major tensors. The
@@ -414,9 +414,9 @@ def all_kernels() -> list[GemmKernel]:
             # with an N-major B is copied (above).
             if b == "n":
                 kernels.append(GemmKernel("sm90", dtype, a, b, False, K_SLICES_CONFIG, k_slices=True))
-            if dtype != "tf32" and b == "n":
-                for cfg in SM90_16BIT_CONFIGS:
-                    kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, plain=True))
+                if dtype != "tf32":
+                    for cfg in SM90_16BIT_CONFIGS:
+                        kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, plain=True))
     for dtype in ("bf16", "fp16", "tf32"):
         for a, b in itertools.product("km", "kn"):
             # Ampere TF32 reads K-major operands only (the binding copies others): it keeps the

@@ -38,10 +38,6 @@ constexpr int64_t kTf32PingpongMaxK = 4096;
 constexpr int64_t kTf32PingpongShortK = 2048;
 constexpr int64_t kTf32SmallBElements = int64_t(4) << 20;
 constexpr int64_t kTf32RoundsMaxM = 512;  // the rounds rule's rows with an N-major B (tf32_n_major_kernel)
-// TF32 with a K-major B (a weight's transpose) past the rounds rule's K and B (65-256 rows): the
-// narrowest 64-row transposed tile whose column tiles the rows fill exactly and whose grid runs in
-// one round, with K up to kTf32PingpongMaxK (tf32_full_column_tiles); else the general rules
-// (the split-K 128x128 tile).
 // TF32 with a K-major B, more than kTransposedMaxM rows: the data-parallel 128x256 tiles where
 // they fill at least kTf32OneRoundFill of one round, and the stream-K config where the last of
 // two or three rounds is less than half full (tf32_round_kernel).
