@@ -17,9 +17,12 @@
 //             dA = s * U^T drop(x),  dB = (s * t^T dz)^T,  dW = dz^T x   (only those requested)
 //   merge     W += s * B A                            (one GEMM reading and writing W in place)
 // The rank-r activations t and U are kept as contiguous [r, M] (t is the op's second output in
-// that form): the products that make or read them then have r rows, which the transposed
-// small-M kernels stream over M in 64-row tiles. Computed as [M, r], the same products ran on
-// 128-wide tiles of which r columns are used, 1.4-1.55x slower (bench/NOTES.md, section 7).
+// that form). For 16-bit types and r <= 32, t, U and dB come from the rank-r pass
+// (gemm/rank_pass.h): t^T and s t from one read of drop(x); U^T, s U and dB from one read of
+// dz. Elsewhere they are GEMMs with r rows, which the transposed small-M kernels stream over M
+// in 64-row tiles (computed as [M, r], the same products ran on 128-wide tiles of which r
+// columns are used, 1.4-1.55x slower: bench/NOTES.md, section 7).
+// CUTLASS_EXT_LORA_RANK_PASS=0 turns the pass off (every rank-r product a GEMM).
 #include <torch/extension.h>
 
 #include <c10/core/DeviceGuard.h>
@@ -30,6 +33,7 @@
 #include "bindings/common.h"
 #include "bindings/gemm_op.h"
 #include "elementwise/dropout_kernels.h"
+#include "gemm/rank_pass.h"
 
 namespace cutlass_ext {
 namespace {
@@ -94,6 +98,34 @@ at::Tensor scaled_rows(const at::Tensor& v_t, double scaling) {
   return at::mul_out(out, v_t.t(), at::Scalar(scaling));
 }
 
+bool rank_pass_enabled() {
+  const char* v = std::getenv("CUTLASS_EXT_LORA_RANK_PASS");
+  return v == nullptr || std::string(v) != "0";
+}
+
+// Rank-r pass parameters over x [M, N] (unit column stride); the caller adds the products.
+RankPassParams rank_pass_over(const at::Tensor& x, int64_t r, const char* op) {
+  RankPassParams p;
+  p.dtype = dtype_of(x, op, "x");
+  p.M = x.size(0);
+  p.N = x.size(1);
+  p.r = int(r);
+  p.x = x.data_ptr();
+  p.ldx = x.size(0) > 1 ? x.stride(0) : x.size(1);
+  p.sm_count = sm_count(x.device().index());
+  return p;
+}
+
+// Runs the pass with a workspace from the caching allocator.
+void run_rank_pass(RankPassParams& p, const at::Tensor& like, const char* op) {
+  const at::Tensor workspace = at::empty({rank_pass_workspace_floats(p)}, like.options().dtype(at::kFloat));
+  p.workspace = workspace.data_ptr<float>();
+  check_launch(rank_pass(p, current_stream(like.device())), op, "rank_pass");
+}
+
+// Whether x can be the pass's X: rows of unit column stride.
+bool rank_pass_input(const at::Tensor& x) { return x.dim() == 2 && (x.stride(1) == 1 || x.size(1) == 1); }
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_A, const at::Tensor& lora_B,
     const c10::optional<at::Tensor>& bias, double scaling, c10::string_view activation_name, double dropout_p,
@@ -107,9 +139,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
   const at::Tensor x2 = x.reshape({-1, in});
   const GemmOptions opts = gemm_options();
 
-  const at::Tensor t_t = mm(lora_A, dropped(x2, dropout_p, seed, op).t(), opts);  // [r, M]
+  const at::Tensor x_in = dropped(x2, dropout_p, seed, op);
+  const int64_t M = x2.size(0), r = lora_A.size(0);
   GemmExtra low_rank;
-  low_rank.a2 = scaled_rows(t_t, scaling);
+  at::Tensor t_t;  // [r, M]
+  RankPassParams pass = rank_pass_over(x_in, r, op);
+  pass.p = lora_A.data_ptr();  // P = A^T
+  pass.p_stride_n = lora_A.stride(1);
+  pass.p_stride_r = lora_A.stride(0);
+  if (rank_pass_enabled() && rank_pass_input(x_in) && M > 0) {
+    t_t = new_output({r, M}, x.options());
+    low_rank.a2 = new_output({M, r}, x.options());
+    pass.rows_t = t_t.data_ptr();
+    pass.rows_s = low_rank.a2.data_ptr();
+    pass.rows_s_scale = float(scaling);
+  }
+  if (pass.rows_t != nullptr && rank_pass_supported(pass)) {
+    run_rank_pass(pass, x_in, op);
+  } else {
+    t_t = mm(lora_A, x_in.t(), opts);
+    low_rank.a2 = scaled_rows(t_t, scaling);
+  }
   low_rank.b2 = lora_B.t();
   auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, low_rank);
   y = y.view(with_last(lead, {out}));
@@ -144,12 +194,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
     if (activation != int64_t(Activation::kNone)) dz = gz;
     dbias = gb;
   }
+  const int64_t M = x2.size(0);
+  const bool need_u = need_x || need_A;
   at::Tensor u_t;  // [r, M]
-  if (need_x || need_A) u_t = mm(lora_B.t().contiguous(), dz.t(), opts);
+  at::Tensor su;   // s U as [M, r]: the extended-K dx GEMM's rank-r operand (no dropout)
+  at::Tensor dB;
+  // U^T, s U and dB from one read of dz where the rank-r pass takes it (dB alone where Q's rows
+  // are not 16-byte pieces, i.e. M not a multiple of 8, is left to the GEMM below).
+  RankPassParams pass = rank_pass_over(dz, r, op);
+  if (rank_pass_enabled() && M > 0 && (need_u || need_B) && rank_pass_input(dz)) {
+    if (need_u) {
+      pass.p = lora_B.data_ptr();
+      pass.p_stride_n = lora_B.stride(0);
+      pass.p_stride_r = lora_B.stride(1);
+      u_t = new_output({r, M}, options);
+      pass.rows_t = u_t.data_ptr();
+      if (need_x && dropout_p == 0.0) {
+        su = new_output({M, r}, options);
+        pass.rows_s = su.data_ptr();
+        pass.rows_s_scale = float(scaling);
+      }
+    }
+    if (need_B && t.is_contiguous()) {
+      dB = new_output({out, r}, options);
+      pass.q = t.data_ptr();
+      pass.cols = dB.data_ptr();
+      pass.cols_stride_n = r;
+      pass.cols_stride_r = 1;
+      pass.cols_scale = float(scaling);
+      if (need_u && !rank_pass_supported(pass)) {  // Q's rows not in 16-byte pieces: dB by the GEMM
+        pass.q = nullptr;
+        pass.cols = nullptr;
+        dB = at::Tensor();
+      }
+    }
+    if (rank_pass_supported(pass)) {
+      run_rank_pass(pass, dz, op);
+    } else {
+      u_t = su = dB = at::Tensor();
+    }
+  }
+  if (need_u && !u_t.defined()) u_t = mm(lora_B.t().contiguous(), dz.t(), opts);
   // dB reads dz right after U does, while more of dz is still in L2 than after the dx GEMM (which
   // streams the weight through it): on an H200 the four rank-r products took 49.4 -> 45.7 us at
   // 4096 x 4096 -> 4096 and 82.6 -> 78.6 at 8192 tokens (bench/NOTES.md section 30).
-  at::Tensor dB = need_B ? mm(t, dz, opts, float(scaling)).t().contiguous() : at::empty({0}, options);
+  if (need_B && !dB.defined()) dB = mm(t, dz, opts, float(scaling)).t().contiguous();
+  if (!need_B) dB = at::empty({0}, options);
 
   at::Tensor dx;
   if (need_x) {
@@ -159,7 +249,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
       run_dropout(term, term, dropout_p, seed.has_value() ? *seed : at::Tensor(), op);
       low_rank.c = low_rank.out = term;
     } else {
-      low_rank.a2 = scaled_rows(u_t, scaling);
+      low_rank.a2 = su.defined() ? su : scaled_rows(u_t, scaling);
       low_rank.b2 = lora_A;
     }
     dx = std::get<0>(gemm_op(dz, weight, c10::nullopt, 0, false, opts, low_rank));

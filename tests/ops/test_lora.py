@@ -14,7 +14,14 @@ import cutlass_ext
 from cutlass_ext.ops import _activation, _rng
 
 from ..conftest import requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, fp32_precision, gemm_kernels_run
+from ..helpers import (
+    DTYPES,
+    assert_close_to_reference,
+    capture_cuda_graph,
+    cuda_kernels_run,
+    fp32_precision,
+    gemm_kernels_run,
+)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 ACTS = ["none", "relu", "gelu"]
@@ -762,24 +769,93 @@ def test_from_peft_keeps_dropout_probability():
     assert fused.lora_dropout == 0.1
 
 
+def _lora_step(x, weight, lora_A, lora_B):
+    x = x.detach().requires_grad_(True)
+    lora_A = lora_A.detach().requires_grad_(True)
+    lora_B = lora_B.detach().requires_grad_(True)
+    grad = rand(x.shape[0], weight.shape[0], device="cuda", dtype=x.dtype)
+    cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=SCALING).backward(grad)
+    return x.grad, lora_A.grad, lora_B.grad
+
+
 @requires_cuda
-def test_rank_r_products_avoid_wide_tiles():
-    # t = x A^T, U = dz B, dA and dB are kept as [r, rows] so that they run on the transposed
-    # small-M kernels; computed as [rows, r] they fell to the 128x128 stream-K tile with r of its
-    # 128 columns used (1.4-1.55x slower at 8192 tokens). At 4096 tokens and 4096x4096 every
-    # product here fills the machine without splitting K: no stream-K kernel may run (the
-    # scheduler's name is part of the kernel's, mangled or not; x @ lora_A.T as [rows, r] runs one).
-    x = rand(4096, 4096, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+@pytest.mark.parametrize("rank_pass", ["1", "0"])
+def test_rank_r_products_avoid_wide_tiles(monkeypatch, rank_pass):
+    # With the rank-r pass, t (forward) and U with dB (backward) are one pass each, and the GEMMs
+    # left are the two main ones and dA. Without it (CUTLASS_EXT_LORA_RANK_PASS=0), t, U, dA and
+    # dB are kept as [r, rows] so that they run on the transposed small-M kernels; computed as
+    # [rows, r] they fell to the 128x128 stream-K tile with r of its 128 columns used (1.4-1.55x
+    # slower at 8192 tokens). At 4096 tokens and 4096x4096 every product here fills the machine
+    # without splitting K: no stream-K kernel may run (the scheduler's name is part of the
+    # kernel's, mangled or not; x @ lora_A.T as [rows, r] runs one).
+    monkeypatch.setenv("CUTLASS_EXT_LORA_RANK_PASS", rank_pass)
+    x = rand(4096, 4096, device="cuda", dtype=torch.bfloat16)
     weight, lora_A, lora_B, _ = make_params(4096, 4096, 16, "cuda", torch.bfloat16, bias=False)
-    lora_A.requires_grad_(True)
-    lora_B.requires_grad_(True)
-    grad = rand(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    _, names = gemm_kernels_run(
-        lambda: cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=SCALING).backward(grad))
-    assert len(names) >= 6, names  # forward: t, the main GEMM with the rank-r term; backward: U,
-    # [dz | s U] [W ; A], dA, dB
-    assert not [n for n in names if "StreamK" in n], [n[:200] for n in names if "StreamK" in n]
-    assert x.grad is not None and lora_A.grad is not None and lora_B.grad is not None
+    grads, names = cuda_kernels_run(lambda: _lora_step(x, weight, lora_A, lora_B))
+    gemms = [n for n in names if "Gemm" in n or "gemm" in n]
+    passes = [n for n in names if "rank_pass_kernel" in n]
+    if rank_pass == "1":
+        assert len(passes) == 2 and len(gemms) == 3, (passes, [n[:120] for n in gemms])
+    else:
+        assert not passes and len(gemms) >= 6, [n[:120] for n in gemms]  # t, main, U, dx, dA, dB
+    assert not [n for n in gemms if "StreamK" in n], [n[:200] for n in gemms if "StreamK" in n]
+    assert all(g is not None for g in grads)
+
+
+# rows, in, out: rows a multiple of 8 or not (then dB is a GEMM: the pass reads t in 16-byte
+# pieces), in and out multiples of 8 but not of the pass's 512-column slab; few rows; a wide
+# layer (22 slabs, so 6 row groups on 132 SMs).
+RANK_PASS_SHAPES = [(1504, 1416, 1544), (1500, 1416, 1544), (8, 520, 1000), (3, 64, 24), (264, 512, 11008)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("p", [0.0, 0.25])
+@pytest.mark.parametrize("shape", RANK_PASS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("r", [1, 8, 16, 24, 32, 40])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_rank_pass_products(dtype_name, r, shape, p):
+    # t, U and dB from the rank-r pass (r <= 32; r = 40 takes the GEMMs) against float64, with
+    # the pass seen to run once forward and once backward; with dropout the backward's U feeds
+    # the masked low-rank dx term instead of the extended-K operand.
+    dtype = DTYPES[dtype_name]
+    rows, in_f, out_f = shape
+    x = rand(rows, in_f, device="cuda", dtype=dtype)
+    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", dtype)
+    grad_out = rand(rows, out_f, device="cuda", dtype=dtype)
+    inputs = [x, weight, lora_A, lora_B, bias]
+    seed = make_seed("cuda") if p > 0 else None
+    keep = keep_mask(x, seed, p) if p > 0 else None
+    (y, ours), names = cuda_kernels_run(
+        lambda: grads_of(lambda *a: call_op(*a, "gelu", p, seed)[0], inputs, grad_out))
+    passes = sum("rank_pass_kernel" in n for n in names)
+    assert passes == (2 if r <= 32 else 0), names
+    ref_y, ref = grads_of(lambda *a: ref_lora(*a, SCALING, "gelu", keep, p), [v.double() for v in inputs],
+                          grad_out.double())
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "gelu", keep, p), inputs, grad_out)
+    assert_close_to_reference(y, ref_y, None, dtype_name, what="y")
+    for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert o.is_contiguous()
+        assert_close_to_reference(o, rf, pr, dtype_name, what=name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("r", [8, 12])
+def test_rank_pass_factor_layouts(r):
+    # lora_A and lora_B stored transposed (column-major views): the pass copies each factor along
+    # its unit stride (A along the rank, B along the columns; the rank a multiple of 8 or not).
+    rows, in_f, out_f = RANK_PASS_SHAPES[0]
+    x = rand(rows, in_f, device="cuda", dtype=torch.bfloat16)
+    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", torch.bfloat16)
+    lora_A, lora_B = lora_A.t().contiguous().t(), lora_B.t().contiguous().t()
+    grad_out = rand(rows, out_f, device="cuda", dtype=torch.bfloat16)
+    inputs = [x, weight, lora_A, lora_B, bias]
+    (y, ours), names = cuda_kernels_run(lambda: grads_of(lambda *a: call_op(*a, "gelu")[0], inputs, grad_out))
+    assert sum("rank_pass_kernel" in n for n in names) == 2, names
+    ref_y, ref = grads_of(lambda *a: ref_lora(*a, SCALING, "gelu"), [v.double() for v in inputs], grad_out.double())
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "gelu"), inputs, grad_out)
+    assert_close_to_reference(y, ref_y, None, "bf16", what="y")
+    for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, rf, pr, "bf16", what=name)
 
 
 # rows, in, out: every product fills an H100/H200 with 128x128 tiles, so the main GEMMs take the
