@@ -102,26 +102,20 @@ __global__ void __launch_bounds__(kThreads, 1) rank_pass_kernel(PassArgs a) {
   };
 
   if constexpr (kRows) {
-    // P's slab in 16-byte pieces, with the first tile's copies (one commit group); zero past N,
-    // and past r along the columns (along the rank r is a multiple of 8).
+    // P's slab in 16-byte pieces, with the first tile's copies (one commit group): lines are P's
+    // rows j (K-major) or its columns (N-major), pieces run along the line; zero past N, and
+    // past r in the K-major layout (in the N-major one r is a multiple of 8).
     const T* const p = static_cast<const T*>(a.p);
-    if (kPNMajor) {
-      constexpr int kPiecesPerColumn = kRPad / 8;
+    if (kPNMajor || a.p_copy == kPAlongColumns) {
+      constexpr int kPiecesPerLine = (kPNMajor ? kRPad : kNt) / 8, kRow = kPNMajor ? kPRowN : kPRow;
 #pragma unroll
-      for (int k = 0; k < kNt * kPiecesPerColumn / kThreads; ++k) {
+      for (int k = 0; k < kRPad * kNt / 8 / kThreads; ++k) {
         const int i = tid + k * kThreads;
-        const int c = i / kPiecesPerColumn, j = (i % kPiecesPerColumn) * 8;
+        const int line = i / kPiecesPerLine, along = (i % kPiecesPerLine) * 8;
+        const int c = kPNMajor ? line : along, j = kPNMajor ? along : line;
         const bool valid = j < a.r && col0 + c < a.N;
-        cp_async_16_or_zero(ps + c * kPRowN + j, valid ? p + (col0 + c) * a.p_stride_n + j : p, valid);
-      }
-    } else if (a.p_copy == kPAlongColumns) {
-      constexpr int kPiecesPerRow = kNt / 8;
-#pragma unroll
-      for (int k = 0; k < kRPad * kPiecesPerRow / kThreads; ++k) {
-        const int i = tid + k * kThreads;
-        const int j = i / kPiecesPerRow, c = (i % kPiecesPerRow) * 8;
-        const bool valid = j < a.r && col0 + c < a.N;
-        cp_async_16_or_zero(ps + j * kPRow + c, valid ? p + col0 + c + int64_t(j) * a.p_stride_r : p, valid);
+        cp_async_16_or_zero(ps + line * kRow + along,
+                            valid ? p + (col0 + c) * a.p_stride_n + int64_t(j) * a.p_stride_r : p, valid);
       }
     }
   }
