@@ -802,6 +802,25 @@ def test_rank_r_products_avoid_wide_tiles(monkeypatch, rank_pass):
     assert all(g is not None for g in grads)
 
 
+def layer_case(shape, r, dtype):
+    """[x, weight, lora_A, lora_B, bias] and an incoming gradient for a (rows, in, out) layer on CUDA."""
+    rows, in_f, out_f = shape
+    x = rand(rows, in_f, device="cuda", dtype=dtype)
+    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", dtype)
+    return [x, weight, lora_A, lora_B, bias], rand(rows, out_f, device="cuda", dtype=dtype)
+
+
+def check_gelu_step(y, ours, inputs, grad_out, dtype_name, keep=None, p=0.0):
+    """y and the five gradients of a GELU layer against float64, the gradients against torch's own
+    error too."""
+    ref_y, ref = grads_of(lambda *a: ref_lora(*a, SCALING, "gelu", keep, p), [v.double() for v in inputs],
+                          grad_out.double())
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "gelu", keep, p), inputs, grad_out)
+    assert_close_to_reference(y, ref_y, None, dtype_name, what="y")
+    for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, rf, pr, dtype_name, what=name)
+
+
 # rows, in, out: rows a multiple of 8 or not (then dB is a GEMM: the pass reads t in 16-byte
 # pieces), in and out multiples of 8 but not of the pass's 512-column slab; few rows; a wide
 # layer (22 slabs, so 6 row groups on 132 SMs).
@@ -817,25 +836,15 @@ def test_rank_pass_products(dtype_name, r, shape, p):
     # t, U and dB from the rank-r pass (r <= 32; r = 40 takes the GEMMs) against float64, with
     # the pass seen to run once forward and once backward; with dropout the backward's U feeds
     # the masked low-rank dx term instead of the extended-K operand.
-    dtype = DTYPES[dtype_name]
-    rows, in_f, out_f = shape
-    x = rand(rows, in_f, device="cuda", dtype=dtype)
-    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", dtype)
-    grad_out = rand(rows, out_f, device="cuda", dtype=dtype)
-    inputs = [x, weight, lora_A, lora_B, bias]
+    inputs, grad_out = layer_case(shape, r, DTYPES[dtype_name])
     seed = make_seed("cuda") if p > 0 else None
-    keep = keep_mask(x, seed, p) if p > 0 else None
+    keep = keep_mask(inputs[0], seed, p) if p > 0 else None
     (y, ours), names = cuda_kernels_run(
         lambda: grads_of(lambda *a: call_op(*a, "gelu", p, seed)[0], inputs, grad_out))
     passes = sum("rank_pass_kernel" in n for n in names)
     assert passes == (2 if r <= 32 else 0), names
-    ref_y, ref = grads_of(lambda *a: ref_lora(*a, SCALING, "gelu", keep, p), [v.double() for v in inputs],
-                          grad_out.double())
-    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "gelu", keep, p), inputs, grad_out)
-    assert_close_to_reference(y, ref_y, None, dtype_name, what="y")
-    for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
-        assert o.is_contiguous()
-        assert_close_to_reference(o, rf, pr, dtype_name, what=name)
+    assert all(o.is_contiguous() for o in ours)
+    check_gelu_step(y, ours, inputs, grad_out, dtype_name, keep, p)
 
 
 @requires_cuda
@@ -843,19 +852,11 @@ def test_rank_pass_products(dtype_name, r, shape, p):
 def test_rank_pass_factor_layouts(r):
     # lora_A and lora_B stored transposed (column-major views): the pass copies each factor along
     # its unit stride (A along the rank, B along the columns; the rank a multiple of 8 or not).
-    rows, in_f, out_f = RANK_PASS_SHAPES[0]
-    x = rand(rows, in_f, device="cuda", dtype=torch.bfloat16)
-    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", torch.bfloat16)
-    lora_A, lora_B = lora_A.t().contiguous().t(), lora_B.t().contiguous().t()
-    grad_out = rand(rows, out_f, device="cuda", dtype=torch.bfloat16)
-    inputs = [x, weight, lora_A, lora_B, bias]
+    inputs, grad_out = layer_case(RANK_PASS_SHAPES[0], r, torch.bfloat16)
+    inputs[2], inputs[3] = inputs[2].t().contiguous().t(), inputs[3].t().contiguous().t()
     (y, ours), names = cuda_kernels_run(lambda: grads_of(lambda *a: call_op(*a, "gelu")[0], inputs, grad_out))
     assert sum("rank_pass_kernel" in n for n in names) == 2, names
-    ref_y, ref = grads_of(lambda *a: ref_lora(*a, SCALING, "gelu"), [v.double() for v in inputs], grad_out.double())
-    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "gelu"), inputs, grad_out)
-    assert_close_to_reference(y, ref_y, None, "bf16", what="y")
-    for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
-        assert_close_to_reference(o, rf, pr, "bf16", what=name)
+    check_gelu_step(y, ours, inputs, grad_out, "bf16")
 
 
 # rows, in, out: every product fills an H100/H200 with 128x128 tiles, so the main GEMMs take the
@@ -872,12 +873,7 @@ EXTK_SHAPE = (1500, 1416, 1544)
 def test_rank_r_term_inside_the_main_gemm(dtype_name, act, r):
     # y = act([x | s t] [W | B]^T + bias) and dx = [dz | s U] [W ; A] each in one GEMM (r = 72:
     # two stages of the second pair); no short-K kernel writes a rank-r term.
-    dtype = DTYPES[dtype_name]
-    rows, in_f, out_f = EXTK_SHAPE
-    x = rand(rows, in_f, device="cuda", dtype=dtype)
-    weight, lora_A, lora_B, bias = make_params(in_f, out_f, r, "cuda", dtype)
-    grad_out = rand(rows, out_f, device="cuda", dtype=dtype)
-    inputs = [x, weight, lora_A, lora_B, bias]
+    inputs, grad_out = layer_case(EXTK_SHAPE, r, DTYPES[dtype_name])
     (y, ours), names = gemm_kernels_run(
         lambda: grads_of(lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act), inputs, grad_out))
     assert sum("ExtKMainloop" in n for n in names) == 2, [n[:160] for n in names]
