@@ -218,7 +218,11 @@ GEMV_CONFIG = HandWrittenConfig("gemv_n16", "gemv", (32, 16),
 FEWROWS_CONFIG = HandWrittenConfig("fewrows_16", "fewrows", (16, 32),
                                    use="TF32, M <= 4 (8-16 with a row-major [K, N] B) with a K-major A (decode steps): "
                                        "a stream over the weight")
-HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG)
+# Short K in fp32: exact multiply-adds on the FMA units, a stream of D that reads A, B and the bias
+# where they are (a 13-feature input layer, whose rows the TF32 tiles need copied to 16-wide ones).
+FFMA_CONFIG = HandWrittenConfig("ffma_64x128", "ffma", (64, 128),
+                                use="fp32 with K <= 32 (narrow input layers): exact fp32 on the FMA units")
+HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG, FFMA_CONFIG)
 
 
 def all_configs() -> tuple:
@@ -247,7 +251,7 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 
 @dataclasses.dataclass(frozen=True)
 class GemmKernel:
-    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv", "fewrows")
+    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv", "fewrows", "ffma")
     dtype: str
     a_major: str  # "k" | "m"
     b_major: str  # "k" | "n"
@@ -445,6 +449,12 @@ def all_kernels() -> list[GemmKernel]:
     for b in "kn":
         for aux in (False, True):
             kernels.append(GemmKernel("fewrows", "tf32", "k", b, aux, FEWROWS_CONFIG))
+    # Short K in fp32, under either policy (the kernel multiplies exactly): it reads A and B with any
+    # strides; both B layouts are listed so that each is exercised.
+    for dtype in ("tf32", "f32"):
+        for b in "kn":
+            for aux in (False, True):
+                kernels.append(GemmKernel("ffma", dtype, "k", b, aux, FFMA_CONFIG))
     return kernels
 
 

@@ -89,9 +89,10 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 
 bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") == 0; }
 bool is_fewrows(const GemmKernelEntry& e) { return std::strcmp(e.family, "fewrows") == 0; }
+bool is_ffma(const GemmKernelEntry& e) { return std::strcmp(e.family, "ffma") == 0; }
 // The hand-written kernels chosen before the others, on unpadded operands (few_column_kernel,
-// few_row_kernel).
-bool is_direct(const GemmKernelEntry& e) { return is_gemv(e) || is_fewrows(e); }
+// few_row_kernel, short_k_f32_kernel).
+bool is_direct(const GemmKernelEntry& e) { return is_gemv(e) || is_fewrows(e) || is_ffma(e); }
 
 // The kind of kernel a product needs (kernels_for): each flag but `plain` must match the entry's.
 struct KernelForm {
@@ -253,13 +254,16 @@ const GemmKernelEntry* direct_entry(bool (*family)(const GemmKernelEntry&), DTyp
 // launch-bound; 0.76-0.97x at 2048 x 4096, half the SMs without a tile), ahead of every CUTLASS
 // tile but at 2048 x 4096 -> 4 (31.6 us against 30.2 for the 64x64 transposed tile); at N = 8 and
 // 16 the transposed tensor-core tiles were faster (it reads 8-16 bytes of B from shared memory per
-// element of A there). The config override forces it (an error where it cannot run) or excludes it.
+// element of A there). fp32 takes it up to N = 16 under either policy: TF32 tiles pad such a
+// product's N to 16 and ran dX = dZ W of a 13-feature layer (2048 x 512 -> 13) on a stream-K tile
+// for 39 us on an H200, and exact fp32 has only CUTLASS's SIMT kernel besides. The config
+// override forces it (an error where it cannot run) or excludes it.
 constexpr int64_t kGemvChosenMaxN = 4;
 
 const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                          bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2), N = b3.size(2);
-  if (config.empty() && N > kGemvChosenMaxN) return nullptr;  // most calls: no table walk
+  if (config.empty() && N > (dt == DType::kF32 ? kGemvMaxN : kGemvChosenMaxN)) return nullptr;  // most calls
   const GemmKernelEntry* entry = direct_entry(is_gemv, dt, math, aux, major_along_k(b3.stride(1), K));
   const bool forced = entry != nullptr && config == entry->config;
   if (entry == nullptr || !(config.empty() || forced)) return nullptr;
@@ -269,7 +273,7 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
            ", a K-major A (unit stride along K), no C source and B small enough for ", kGemvMaxSharedBytes / 1024,
            " KB of shared memory as fp32; this product is ", a3.size(1), " x ", K, " -> ", N, " with A strides ",
            a3.strides());
-  return runs ? entry : nullptr;  // forced, or unforced with N <= kGemvChosenMaxN (above)
+  return runs ? entry : nullptr;  // forced, or unforced with N within the rule above
 }
 
 // Few rows of fp32 against a weight (decode steps, small batches) with TF32 allowed: the
@@ -319,6 +323,33 @@ const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const a
            "row strides multiples of 16 bytes, 16-byte aligned data and no C source; this product is ", M, " x ", K,
            " -> ", N, " with A strides ", a3.strides(), " and B strides ", b3.strides());
   return runs ? entry : nullptr;
+}
+
+// fp32 with a short K: the hand-written kernel that multiplies exactly on the FMA units
+// (gemm/ffma_gemm.cuh), reading A, B and the bias where they are and writing D unpadded, or
+// nullptr for the other kernels. It takes K <= kFfmaMaxK, no C source and no second product.
+// Unforced it takes every such product without TF32 (the exact path's CUTLASS SIMT kernel took
+// 40 us at 2048 x 13 -> 512 on an H200, bench/NOTES.md section 35), and with TF32 the products
+// whose operands the tensor-core tiles would copy first (K or a row stride not a multiple of 16
+// bytes, unaligned data), up to K = kFfmaMaxK, and the others up to K = kFfmaChosenMaxK.
+constexpr int64_t kFfmaMaxK = 32;
+constexpr int64_t kFfmaChosenMaxK = 16;
+
+const GemmKernelEntry* short_k_f32_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3,
+                                          const at::Tensor& b3, bool with_c_or_a2, const std::string& config) {
+  const int64_t K = a3.size(2);
+  if (dt != DType::kF32 || (config.empty() && K > kFfmaMaxK)) return nullptr;
+  const GemmKernelEntry* entry = direct_entry(is_ffma, dt, math, aux, major_along_k(b3.stride(1), K));
+  const bool forced = entry != nullptr && config == entry->config;
+  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const bool runs = K <= kFfmaMaxK && !with_c_or_a2;
+  CE_CHECK(runs || !forced, "config '", config, "' takes K <= ", kFfmaMaxK,
+           " and no C source; this product is ", a3.size(1), " x ", K, " -> ", b3.size(2),
+           with_c_or_a2 ? " with a C source" : "");
+  if (!runs || forced || math == MathMode::kExactF32 || K <= kFfmaChosenMaxK) return runs ? entry : nullptr;
+  MatrixView va, vb;
+  const bool tiles_read_in_place = K % 4 == 0 && as_matrix(a3, 4, va) && as_matrix(b3, 4, vb);
+  return tiles_read_in_place ? nullptr : entry;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -443,6 +474,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
   const GemmKernelEntry* direct = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
   if (direct == nullptr) direct = few_row_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
+  if (direct == nullptr) direct = short_k_f32_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
   if (direct != nullptr) {
     // D straight into extra.out when its columns are adjacent (the kernels' only requirement).
     at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);

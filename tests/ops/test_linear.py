@@ -184,7 +184,7 @@ def backward_work(device, run, monkeypatch):
         run()
         return counts["gemm"], counts["act_grad"], []
     _, names = cuda_kernels_run(run)
-    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel", "fewrows_gemm_kernel")
+    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel", "fewrows_gemm_kernel", "ffma_gemm_kernel")
     gemms = sum(any(k in n for k in gemm_kernels) for n in names)
     act_grads = sum("act_grad_kernel" in n for n in names)
     others = [n for n in names if not any(k in n for k in (*gemm_kernels, "act_grad_kernel", "bias_grad_finalize"))]
@@ -575,6 +575,8 @@ def _kernel_inputs(kernel, device):
         n = 13  # N <= 16, not a power of two
     if kernel.family == "fewrows":
         m = 13  # M <= 16, more than one 8-wide MMA tile
+    if kernel.family == "ffma":
+        k = 13  # K <= 32, rows not in 16-byte pieces
     if kernel.k_slices:
         k = 4096  # eight slices of 512 for 12 output tiles
     a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
@@ -1389,6 +1391,20 @@ def test_gemv_heuristic(m, k, n, expected):
 
 
 @requires_cuda
+@pytest.mark.parametrize("policy", ["tf32", "fp32"])
+@pytest.mark.parametrize("n,expected", [(13, True), (16, True), (17, False)])
+def test_gemv_heuristic_fp32(policy, n, expected):
+    # fp32 takes the few-column kernel up to N = 16 under either policy (dX of a 13-feature layer).
+    A = rand(2048, 512, device="cuda", dtype=torch.float32)
+    B = make_b(512, n, "kn", "cuda", torch.float32)
+    with fp32_precision(policy):
+        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
+        peer = torch.matmul(A, B)
+    assert any(GEMV in name for name in names) == expected, names
+    assert_close_to_reference(y, A.double() @ B.double(), peer, policy)
+
+
+@requires_cuda
 def test_gemv_config_rejects_what_it_cannot_run():
     A = rand(64, 32, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="config 'gemv_n16' takes N <= 16"):
@@ -1544,3 +1560,108 @@ def test_fewrows_config_rejects_what_it_cannot_run():
         peer = peer_linear(A, B, None, "none")
     assert len(names) == 1 and FEWROWS in names[0], names
     assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer, "tf32")
+
+
+# ------------------------------------------------------------------------------------------------
+# The hand-written short-K fp32 kernel (ffma: K <= 32, exact multiply-adds on the FMA units,
+# unpadded operands)
+
+FFMA = "ffma_gemm_kernel"
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy", ["tf32", "fp32"])
+@pytest.mark.parametrize("m,k,n", [(2048, 13, 512), (1, 13, 3), (37, 1, 5), (300, 32, 130), (4099, 7, 64),
+                                   (65, 20, 257)])
+def test_ffma_kernel(policy, m, k, n):
+    # Partial tiles in M and N, N not a multiple of 4 (element stores), K from 1 to 32.
+    A = rand(m, k, device="cuda", dtype=F32)
+    B = make_b(k, n, "weight_t", "cuda", F32)
+    bias = rand(n, device="cuda", dtype=F32)
+    with fp32_precision(policy):
+        (y, aux), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True,
+                                                                                "ffma_64x128"))
+        peer_z = peer_linear(A, B, bias, "none")
+    # One launch: no padded copies of A, B, the bias or the output.
+    assert len(names) == 1 and FFMA in names[0], names
+    # Exact fp32 under either policy: held to the fp32 tolerance.
+    assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, "fp32", what="aux")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), "fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy", ["tf32", "fp32"])
+@pytest.mark.parametrize("a_layout", ["plain", "offset", "rows", "m_major"])
+@pytest.mark.parametrize("b_layout", ["weight_t", "kn", "strided"])
+def test_ffma_kernel_reads_views_in_place(policy, a_layout, b_layout):
+    # A 13-feature input layer read where it is: rows at an odd stride, an offset start, an
+    # M-major A, a row-major or fully strided B. The heuristic takes the kernel (K = 13).
+    m, k, n = 1000, 13, 200
+    A = rand(k, m, device="cuda", dtype=F32).t() if a_layout == "m_major" else _a_layout(m, k, a_layout, F32)
+    B = make_b(k, n, "weight_t", "cuda", F32) if b_layout == "weight_t" else _b_layout(k, n, b_layout, F32)
+    bias = rand(n, device="cuda", dtype=F32)
+    with fp32_precision(policy):
+        y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, bias, relu=True))
+        peer = peer_linear(A, B, bias, "relu")
+    assert len(names) == 1 and FFMA in names[0], names
+    assert_close_to_reference(y, ref_linear(A, B, bias, "relu"), peer, "fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("shared_b", [False, True])
+def test_ffma_kernel_batched(shared_b):
+    A = rand(3, 130, 13, device="cuda", dtype=F32)
+    B = make_b(13, 70, "kn", "cuda", F32)
+    B = B.expand(3, 13, 70) if shared_b else torch.stack([B, 2 * B, -B])
+    with fp32_precision("fp32"):
+        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
+        peer = torch.matmul(A, B)
+    assert len(names) == 1 and FFMA in names[0], names
+    assert_close_to_reference(y, A.double() @ B.double(), peer, "fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy,k,aligned,expected", [
+    ("tf32", 13, True, True), ("tf32", 16, True, True), ("tf32", 32, True, False), ("tf32", 30, True, True),
+    ("tf32", 32, False, True), ("tf32", 33, False, False), ("fp32", 32, True, True), ("fp32", 33, True, False)])
+def test_ffma_heuristic(policy, k, aligned, expected):
+    # Without TF32 every K <= 32; with it up to 16, and up to 32 where the tensor-core tiles would
+    # copy the operands first (K or the row stride not a multiple of 16 bytes).
+    A = rand(2048, k, device="cuda", dtype=F32) if aligned else _a_layout(2048, k, "offset", F32)
+    W = rand(512, k, device="cuda", dtype=F32, scale=k ** -0.5)
+    with fp32_precision(policy):
+        y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
+        peer = peer_linear(A, W.t(), None, "relu")
+    assert any(FFMA in name for name in names) == expected, names
+    assert_close_to_reference(y, ref_linear(A, W.t(), None, "relu"), peer, policy)
+
+
+@requires_cuda
+def test_ffma_config_rejects_what_it_cannot_run():
+    with fp32_precision("tf32"), pytest.raises(RuntimeError, match="config 'ffma_64x128' takes K <= 32"):
+        cutlass_ext.linear(rand(64, 33, device="cuda", dtype=F32), make_b(33, 8, "weight_t", "cuda", F32),
+                           config="ffma_64x128")
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy", ["tf32", "fp32"])
+def test_ffma_layer_gradients(policy):
+    # A 13 -> 512 GELU layer in training: the forward (with its pre-activation) on the FMA-unit
+    # kernel; gradients against float64.
+    A = rand(3000, 13, device="cuda", dtype=F32).requires_grad_()
+    W = rand(512, 13, device="cuda", dtype=F32, scale=13 ** -0.5).requires_grad_()
+    bias = rand(512, device="cuda", dtype=F32).requires_grad_()
+    dy = rand(3000, 512, device="cuda", dtype=F32)
+    with fp32_precision(policy):
+        y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, activation="gelu"))
+        assert any(FFMA in n for n in names), names
+        y.backward(dy)
+        Ap, Wp, bp = (t.detach().clone().requires_grad_() for t in (A, W, bias))
+        yp = F.gelu(F.linear(Ap, Wp, bp))
+        yp.backward(dy)
+    A64, W64, b64 = (t.detach().double().requires_grad_() for t in (A, W, bias))
+    F.gelu(A64 @ W64.t() + b64).backward(dy.double())
+    assert_close_to_reference(y, F.gelu(A64 @ W64.t() + b64), yp, "fp32")
+    for ours, ref, peer, what in ((A.grad, A64.grad, Ap.grad, "dA"), (W.grad, W64.grad, Wp.grad, "dW"),
+                                  (bias.grad, b64.grad, bp.grad, "dbias")):
+        assert_close_to_reference(ours, ref, peer, policy, what=what)
