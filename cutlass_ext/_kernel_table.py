@@ -222,7 +222,13 @@ FEWROWS_CONFIG = HandWrittenConfig("fewrows_16", "fewrows", (16, 32),
 # where they are (a 13-feature input layer, whose rows the TF32 tiles need copied to 16-wide ones).
 FFMA_CONFIG = HandWrittenConfig("ffma_64x128", "ffma", (64, 128),
                                 use="fp32 with K <= 32 (narrow input layers): exact fp32 on the FMA units")
-HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG, FFMA_CONFIG)
+# Weight gradients of narrow fp32 layers (dW = dZ^T X with M or N <= 16): a reduction over the rows
+# on the FMA units, which the TF32 tiles could only read through register transposes.
+# Tile: threads (columns of the wide operand) per block at most, J sums each.
+WGRAD_CONFIG = HandWrittenConfig("wgrad_256", "wgrad", (256, 16),
+                                 use="fp32 plain products of an M-major A and an N-major B with M or N <= 16 "
+                                     "(narrow layers' weight gradients)")
+HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG, FFMA_CONFIG, WGRAD_CONFIG)
 
 
 def all_configs() -> tuple:
@@ -251,7 +257,7 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 
 @dataclasses.dataclass(frozen=True)
 class GemmKernel:
-    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv", "fewrows", "ffma")
+    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv", "fewrows", "ffma", "wgrad")
     dtype: str
     a_major: str  # "k" | "m"
     b_major: str  # "k" | "n"
@@ -455,6 +461,9 @@ def all_kernels() -> list[GemmKernel]:
         for b in "kn":
             for aux in (False, True):
                 kernels.append(GemmKernel("ffma", dtype, "k", b, aux, FFMA_CONFIG))
+    # Narrow weight gradients in fp32, under either policy (exact).
+    for dtype in ("tf32", "f32"):
+        kernels.append(GemmKernel("wgrad", dtype, "m", "n", False, WGRAD_CONFIG, plain=True))
     return kernels
 
 

@@ -90,9 +90,10 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t Xp, int64_t Yp) {
 bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") == 0; }
 bool is_fewrows(const GemmKernelEntry& e) { return std::strcmp(e.family, "fewrows") == 0; }
 bool is_ffma(const GemmKernelEntry& e) { return std::strcmp(e.family, "ffma") == 0; }
+bool is_wgrad(const GemmKernelEntry& e) { return std::strcmp(e.family, "wgrad") == 0; }
 // The hand-written kernels chosen before the others, on unpadded operands (few_column_kernel,
-// few_row_kernel, short_k_f32_kernel).
-bool is_direct(const GemmKernelEntry& e) { return is_gemv(e) || is_fewrows(e) || is_ffma(e); }
+// few_row_kernel, short_k_f32_kernel, narrow_gradient_kernel).
+bool is_direct(const GemmKernelEntry& e) { return is_gemv(e) || is_fewrows(e) || is_ffma(e) || is_wgrad(e); }
 
 // The kind of kernel a product needs (kernels_for): each flag but `plain` must match the entry's.
 struct KernelForm {
@@ -328,12 +329,19 @@ const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const a
 // fp32 with a short K: the hand-written kernel that multiplies exactly on the FMA units
 // (gemm/ffma_gemm.cuh), reading A, B and the bias where they are and writing D unpadded, or
 // nullptr for the other kernels. It takes K <= kFfmaMaxK, no C source and no second product.
-// Unforced it takes every such product without TF32 (the exact path's CUTLASS SIMT kernel took
-// 40 us at 2048 x 13 -> 512 on an H200, bench/NOTES.md section 35), and with TF32 the products
-// whose operands the tensor-core tiles would copy first (K or a row stride not a multiple of 16
-// bytes, unaligned data), up to K = kFfmaMaxK, and the others up to K = kFfmaChosenMaxK.
+// Unforced it takes every such product without TF32: the exact path's CUTLASS SIMT kernel took
+// 40 us at 2048 x 13 -> 512 on an H200 (bench/NOTES.md section 35). With TF32 it competes with
+// tensor-core tiles that write D at the copy rate, where it is bound by its issue rate (ncu at
+// 65536 x 16 -> 4096: 0.69 instructions a cycle per scheduler, 45% of DRAM bandwidth), so it
+// takes only products of few outputs (M N L): up to kFfmaMaxOutputsCopied where the tiles would
+// first copy the operands (K or a row stride not a multiple of 16 bytes, unaligned data), up to
+// kFfmaMaxOutputsAligned with K <= 16 where they read them in place. Measured there (13 -> N,
+// padded copies and the 128x256 TF32 tile against this kernel): equal near 2^24 outputs for
+// N = 512, 1024 and 4096; with K = 16 in place the tile was ahead from 8192 x 512.
 constexpr int64_t kFfmaMaxK = 32;
-constexpr int64_t kFfmaChosenMaxK = 16;
+constexpr int64_t kFfmaAlignedMaxK = 16;
+constexpr int64_t kFfmaMaxOutputsCopied = int64_t(1) << 24;
+constexpr int64_t kFfmaMaxOutputsAligned = int64_t(1) << 21;
 
 const GemmKernelEntry* short_k_f32_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3,
                                           const at::Tensor& b3, bool with_c_or_a2, const std::string& config) {
@@ -346,10 +354,38 @@ const GemmKernelEntry* short_k_f32_kernel(DType dt, MathMode math, bool aux, con
   CE_CHECK(runs || !forced, "config '", config, "' takes K <= ", kFfmaMaxK,
            " and no C source; this product is ", a3.size(1), " x ", K, " -> ", b3.size(2),
            with_c_or_a2 ? " with a C source" : "");
-  if (!runs || forced || math == MathMode::kExactF32 || K <= kFfmaChosenMaxK) return runs ? entry : nullptr;
+  if (!runs || forced || math == MathMode::kExactF32) return runs ? entry : nullptr;
+  const int64_t outputs = a3.size(0) * a3.size(1) * b3.size(2);
   MatrixView va, vb;
   const bool tiles_read_in_place = K % 4 == 0 && as_matrix(a3, 4, va) && as_matrix(b3, 4, vb);
-  return tiles_read_in_place ? nullptr : entry;
+  const bool takes = tiles_read_in_place ? K <= kFfmaAlignedMaxK && outputs <= kFfmaMaxOutputsAligned
+                                         : outputs <= kFfmaMaxOutputsCopied;
+  return takes ? entry : nullptr;
+}
+
+// The weight gradient of a narrow fp32 layer (dW = dZ^T X of row-major dZ and X: an M-major A,
+// an N-major B, M or N at most kWgradMaxNarrow): the hand-written reduction over rows on the FMA
+// units (gemm/wgrad_gemm.cuh), or nullptr for the other kernels. Plain products only (no bias,
+// activation, aux output, C source or batch). Unforced it takes every such product under either
+// policy: TF32 tiles transpose both operands in registers there (a 512 x 2048 -> 16 product,
+// the weight gradient of a 13 -> 512 layer over 2048 rows, took 40 us on an H200) and exact fp32
+// has only CUTLASS's SIMT kernel (195 us).
+constexpr int64_t kWgradMaxNarrow = 16;
+
+const GemmKernelEntry* narrow_gradient_kernel(DType dt, MathMode math, bool plain, const at::Tensor& a3,
+                                              const at::Tensor& b3, bool with_c_or_a2, const std::string& config) {
+  if (dt != DType::kF32) return nullptr;
+  const int64_t L = a3.size(0), M = a3.size(1), N = b3.size(2);
+  if (config.empty() && std::min(M, N) > kWgradMaxNarrow) return nullptr;
+  const GemmKernelEntry* entry = direct_entry(is_wgrad, dt, math, false, Major::kMN);
+  const bool forced = entry != nullptr && config == entry->config;
+  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const bool runs = plain && !with_c_or_a2 && L == 1 && std::min(M, N) <= kWgradMaxNarrow &&
+                    (M == 1 || a3.stride(1) == 1) && (N == 1 || b3.stride(2) == 1) && a3.size(2) >= 1;
+  CE_CHECK(runs || !forced, "config '", config, "' takes plain products (no bias, activation or C) of an M-major A ",
+           "and an N-major B with M or N <= ", kWgradMaxNarrow, " and no batch; this product is ", M, " x ",
+           a3.size(2), " -> ", N, " with A strides ", a3.strides(), " and B strides ", b3.strides());
+  return runs ? entry : nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -475,15 +511,25 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const GemmKernelEntry* direct = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
   if (direct == nullptr) direct = few_row_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
   if (direct == nullptr) direct = short_k_f32_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
+  if (direct == nullptr) {
+    const bool plain = !aux && !bias.has_value() && activation == int64_t(Activation::kNone);
+    direct = narrow_gradient_kernel(dt, math, plain, a3, b3, has_a2 || c3.defined(), opts.config);
+  }
   if (direct != nullptr) {
-    // D straight into extra.out when its columns are adjacent (the kernels' only requirement).
-    at::Tensor d = (out3.defined() && (N == 1 || out3.stride(2) == 1)) ? out3 : new_output({L, M, N}, options);
+    // D straight into extra.out when its columns are adjacent (the kernels' only requirement; the
+    // weight-gradient kernel's sums go to a contiguous D).
+    const bool out_ok = out3.defined() && (N == 1 || out3.stride(2) == 1) && (!is_wgrad(*direct) || out3.is_contiguous());
+    at::Tensor d = out_ok ? out3 : new_output({L, M, N}, options);
     at::Tensor z = aux ? new_output({L, M, N}, options) : at::Tensor();
     // The kernel reads the bias with a unit stride.
     const at::Tensor bias_1 =
         !bias.has_value() ? at::Tensor() : (N == 1 || bias->stride(0) == 1) ? *bias : bias->contiguous();
     const GemmParams p = unpadded_params(d, z, bias_1);
-    check_launch(direct->run(p, nullptr, current_stream(a.device())), op, direct->name);
+    const size_t workspace_bytes = direct->workspace_size(p);
+    const at::Tensor workspace =
+        workspace_bytes > 0 ? at::empty({int64_t(workspace_bytes)}, options.dtype(at::kByte)) : at::Tensor();
+    check_launch(direct->run(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, current_stream(a.device())), op,
+                 direct->name);
     return deliver(d, z);
   }
   const int64_t align = math == MathMode::kExactF32 ? 1 : 16 / int64_t(a.element_size());

@@ -75,7 +75,8 @@ struct GemmKernelEntry {
   bool source;         // epilogue adds beta * C
   int arch;            // GEMM path: 90 (CUTLASS 3.x, Hopper), 80 (CUTLASS 2.x: Ampere, and exact fp32) or 0 (both)
   const char* family;  // "sm90", "sm80", "simt", or hand-written: "lowk" (short K), "gemv" (few columns),
-                       // "fewrows" (few rows, TF32) or "ffma" (short K, fp32 on the FMA units)
+                       // "fewrows" (few rows, TF32), "ffma" (short K, fp32 on the FMA units) or "wgrad"
+                       // (narrow fp32 weight gradients)
   const char* config;  // tile/cluster/schedule name, e.g. "128x256x64_2x1_coop"
   int tile_m, tile_n;
   int cluster_size;  // CTAs per cluster (1 for kernels without clusters)

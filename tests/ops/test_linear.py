@@ -184,7 +184,8 @@ def backward_work(device, run, monkeypatch):
         run()
         return counts["gemm"], counts["act_grad"], []
     _, names = cuda_kernels_run(run)
-    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel", "fewrows_gemm_kernel", "ffma_gemm_kernel")
+    gemm_kernels = ("GemmUniversal", "lowk_gemm_kernel", "gemv_gemm_kernel", "fewrows_gemm_kernel", "ffma_gemm_kernel",
+                    "wgrad_gemm_kernel")
     gemms = sum(any(k in n for k in gemm_kernels) for n in names)
     act_grads = sum("act_grad_kernel" in n for n in names)
     others = [n for n in names if not any(k in n for k in (*gemm_kernels, "act_grad_kernel", "bias_grad_finalize"))]
@@ -577,6 +578,8 @@ def _kernel_inputs(kernel, device):
         m = 13  # M <= 16, more than one 8-wide MMA tile
     if kernel.family == "ffma":
         k = 13  # K <= 32, rows not in 16-byte pieces
+    if kernel.family == "wgrad":
+        m, k, n = 300, 3000, 13  # a narrow side <= 16 (N), a long K
     if kernel.k_slices:
         k = 4096  # eight slices of 512 for 12 output tiles
     a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
@@ -602,6 +605,12 @@ def test_every_kernel(name, monkeypatch):
             out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
             assert any("sum_partials" in n for n in names), names
             assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), dtype_name)
+            return
+        if kernel.family == "wgrad":
+            # Plain products of an M-major A and an N-major B (weight gradients), one side narrow.
+            out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
+            assert any(WGRAD in n for n in names), names
+            assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "fp32")
             return
         if kernel.plain:
             # Products without bias or activation (the backward's dX and dW) take the plain
@@ -1621,13 +1630,16 @@ def test_ffma_kernel_batched(shared_b):
 
 
 @requires_cuda
-@pytest.mark.parametrize("policy,k,aligned,expected", [
-    ("tf32", 13, True, True), ("tf32", 16, True, True), ("tf32", 32, True, False), ("tf32", 30, True, True),
-    ("tf32", 32, False, True), ("tf32", 33, False, False), ("fp32", 32, True, True), ("fp32", 33, True, False)])
-def test_ffma_heuristic(policy, k, aligned, expected):
-    # Without TF32 every K <= 32; with it up to 16, and up to 32 where the tensor-core tiles would
-    # copy the operands first (K or the row stride not a multiple of 16 bytes).
-    A = rand(2048, k, device="cuda", dtype=F32) if aligned else _a_layout(2048, k, "offset", F32)
+@pytest.mark.parametrize("policy,m,k,aligned,expected", [
+    ("tf32", 2048, 13, True, True), ("tf32", 2048, 16, True, True), ("tf32", 2048, 32, True, False),
+    ("tf32", 8192, 16, True, False), ("tf32", 2048, 30, True, True), ("tf32", 2048, 32, False, True),
+    ("tf32", 2048, 33, False, False), ("tf32", 32768, 13, True, True), ("tf32", 32769, 13, True, False),
+    ("fp32", 2048, 32, True, True), ("fp32", 32769, 13, True, True), ("fp32", 2048, 33, True, False)])
+def test_ffma_heuristic(policy, m, k, aligned, expected):
+    # Without TF32 every K <= 32. With it, where the tensor-core tiles would copy the operands
+    # first (K or the row stride not a multiple of 16 bytes) up to K = 32 and 2^24 outputs, else
+    # up to K = 16 and 2^21 outputs (here N = 512).
+    A = rand(m, k, device="cuda", dtype=F32) if aligned else _a_layout(m, k, "offset", F32)
     W = rand(512, k, device="cuda", dtype=F32, scale=k ** -0.5)
     with fp32_precision(policy):
         y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True))
@@ -1647,7 +1659,8 @@ def test_ffma_config_rejects_what_it_cannot_run():
 @pytest.mark.parametrize("policy", ["tf32", "fp32"])
 def test_ffma_layer_gradients(policy):
     # A 13 -> 512 GELU layer in training: the forward (with its pre-activation) on the FMA-unit
-    # kernel; gradients against float64.
+    # kernel, dX = dZ W on the few-column kernel (N = 13) and dW = dZ^T X on the narrow
+    # weight-gradient kernel: no padded copies; gradients against float64.
     A = rand(3000, 13, device="cuda", dtype=F32).requires_grad_()
     W = rand(512, 13, device="cuda", dtype=F32, scale=13 ** -0.5).requires_grad_()
     bias = rand(512, device="cuda", dtype=F32).requires_grad_()
@@ -1655,7 +1668,9 @@ def test_ffma_layer_gradients(policy):
     with fp32_precision(policy):
         y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, activation="gelu"))
         assert any(FFMA in n for n in names), names
-        y.backward(dy)
+        _, names = cuda_kernels_run(lambda: y.backward(dy))
+        assert any(GEMV in n for n in names) and any(WGRAD in n for n in names), names
+        assert not [n for n in names if "GemmUniversal" in n], names
         Ap, Wp, bp = (t.detach().clone().requires_grad_() for t in (A, W, bias))
         yp = F.gelu(F.linear(Ap, Wp, bp))
         yp.backward(dy)
@@ -1665,3 +1680,47 @@ def test_ffma_layer_gradients(policy):
     for ours, ref, peer, what in ((A.grad, A64.grad, Ap.grad, "dA"), (W.grad, W64.grad, Wp.grad, "dW"),
                                   (bias.grad, b64.grad, bp.grad, "dbias")):
         assert_close_to_reference(ours, ref, peer, policy, what=what)
+
+
+# ------------------------------------------------------------------------------------------------
+# The hand-written narrow weight-gradient kernel (wgrad: fp32 plain products of an M-major A and an
+# N-major B with M or N <= 16, a reduction over the rows on the FMA units)
+
+WGRAD = "wgrad_gemm_kernel"
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy", ["tf32", "fp32"])
+@pytest.mark.parametrize("m,k,n", [(512, 2048, 13), (16, 65536, 64), (300, 40, 5), (1000, 7, 16), (13, 5000, 13),
+                                   (1, 999, 300), (700, 100000, 1)])
+def test_wgrad_kernel(policy, m, k, n):
+    # N or M narrow (the other side up to several 256-column blocks), one slice (written
+    # directly) or many (partial sums added by sum_partials), K not a multiple of the 32-row chunk.
+    A = rand(k, m, device="cuda", dtype=F32).t()  # dZ^T: M-major
+    B = rand(k, n, device="cuda", dtype=F32)      # X: N-major
+    with fp32_precision(policy):
+        out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B, config="wgrad_256"))
+        peer = torch.matmul(A, B)
+    assert names and WGRAD in names[0] and all(WGRAD in n or "sum_partials" in n for n in names), names
+    assert_close_to_reference(out, A.double() @ B.double(), peer, "fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("b_layout", ["offset", "rows"])
+def test_wgrad_kernel_reads_views_in_place(b_layout):
+    # dW of a 13-feature layer whose input is a view (an offset start, every other row) and whose
+    # dZ rows are every other row of a larger tensor: read where they are, by the heuristic.
+    dz = rand(2 * 3000, 512, device="cuda", dtype=F32)[::2]
+    x = _a_layout(3000, 13, b_layout, F32)
+    with fp32_precision("tf32"):
+        out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(dz.t(), x))
+        peer = torch.matmul(dz.t(), x)
+    assert all(WGRAD in n or "sum_partials" in n for n in names), names
+    assert_close_to_reference(out, dz.t().double() @ x.double(), peer, "fp32")
+
+
+@requires_cuda
+def test_wgrad_config_rejects_what_it_cannot_run():
+    A = rand(64, 2000, device="cuda", dtype=F32)  # K-major
+    with fp32_precision("tf32"), pytest.raises(RuntimeError, match="config 'wgrad_256' takes plain products"):
+        cutlass_ext.matmul(A, rand(2000, 8, device="cuda", dtype=F32), config="wgrad_256")
