@@ -36,6 +36,9 @@ struct Args {
   int64_t slice_stride, stride_w, stride_j;
 };
 
+// A template (of the element type, fp32) like every kernel of the library: each generated unit that
+// includes this header instantiates it, and the linker keeps one copy.
+template <class T>
 __global__ void __launch_bounds__(kMaxThreads) wgrad_gemm_kernel(Args a) {
   __shared__ __align__(16) float q_rows[kRows][kMaxJ];
   const int w = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
@@ -138,7 +141,7 @@ struct GemmBundle {
     if (partials && workspace == nullptr) return {"can_implement", "the narrow weight-gradient kernel needs its workspace"};
     a.out = partials ? static_cast<float*>(workspace) : static_cast<float*>(p.D);
     const dim3 grid(unsigned(plan.tiles_w), unsigned(plan.slices));
-    wgrad_gemm_kernel<<<grid, plan.threads, 0, stream>>>(a);
+    wgrad_gemm_kernel<Element><<<grid, plan.threads, 0, stream>>>(a);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
     if (partials) return sum_partials(static_cast<float*>(workspace), 1, plan.slices, int64_t(p.M) * p.N, DType::kF32, p.D, stream);
