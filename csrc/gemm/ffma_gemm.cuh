@@ -38,48 +38,39 @@ constexpr int kThreads = 256;
 constexpr int kARow = kTileM + 4, kBRow = kTileN + 4;
 
 // A tile of kLines lines (rows of A, columns of B) by up to kMaxK depths, held in registers
-// between its load and its store. Slot s is element (line, k), taken along the operand's unit
-// stride so that a warp's loads are contiguous: along k, a line has 2^k_shift slots (the power of
-// two from K, so a 13-deep row takes 16 slots, not 32); along the lines, depth k has kLines slots.
-// Powers of two make the split a shift and a mask. Past K or valid_lines a slot is not loaded
-// (zero) and, past K, not stored.
+// between its load and its store. Slot s of the kLines x kMaxK slots is element (line, k), taken
+// along the operand's unit stride (k when stride_k is 1, else the line) so that a warp's loads
+// are contiguous; powers of two make the split a shift and a mask. Past K or valid_lines a slot
+// is not loaded (zero) and, past K, not stored.
 template <int kLines>
 struct TileInRegisters {
   static constexpr int kPerThread = kLines * kMaxK / kThreads;
   float v[kPerThread];
-  bool along_k;
-  int k_shift, slots;
 
-  __device__ __forceinline__ TileInRegisters(bool along_k_, int K) : along_k(along_k_) {
-    k_shift = K <= 4 ? 2 : K <= 8 ? 3 : K <= 16 ? 4 : 5;
-    slots = along_k ? kLines << k_shift : kLines * K;
+  __device__ __forceinline__ static void slot(int j, bool along_k, int& line, int& k) {
+    const int s = j * kThreads + int(threadIdx.x);
+    line = along_k ? s / kMaxK : s % kLines;
+    k = along_k ? s % kMaxK : s / kLines;
   }
 
-  __device__ __forceinline__ void slot(int s, int& line, int& k) const {
-    line = along_k ? s >> k_shift : s % kLines;
-    k = along_k ? s & ((1 << k_shift) - 1) : s / kLines;
-  }
-
-  __device__ __forceinline__ void load(const float* src, int64_t stride_line, int64_t stride_k, int valid_lines,
-                                       int K) {
+  __device__ __forceinline__ void load(const float* src, int64_t stride_line, int64_t stride_k, bool along_k,
+                                       int valid_lines, int K) {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-      const int s = j * kThreads + int(threadIdx.x);
       int line, k;
-      slot(s, line, k);
-      v[j] = (s < slots && k < K && line < valid_lines) ? src[line * stride_line + k * stride_k] : 0.f;
+      slot(j, along_k, line, k);
+      v[j] = (k < K && line < valid_lines) ? src[line * stride_line + k * stride_k] : 0.f;
     }
   }
 
   // dst[k * kRow + line] for k < K.
   template <int kRow>
-  __device__ __forceinline__ void store(float* dst, int K) const {
+  __device__ __forceinline__ void store(float* dst, bool along_k, int K) const {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-      const int s = j * kThreads + int(threadIdx.x);
       int line, k;
-      slot(s, line, k);
-      if (s < slots && k < K) dst[k * kRow + line] = v[j];
+      slot(j, along_k, line, k);
+      if (k < K) dst[k * kRow + line] = v[j];
     }
   }
 };
@@ -110,19 +101,19 @@ __global__ void __launch_bounds__(kThreads, 2) ffma_gemm_kernel(GemmParams p, in
   const int n0 = int(blockIdx.y) * kTileN, K = p.K;
   const bool a_along_k = p.a_stride_k == 1, b_along_k = p.b_stride_k == 1;
   const float* const A = static_cast<const float*>(p.A) + l * p.a_stride_l;
-  TileInRegisters<kTileM> a(a_along_k, K);
+  TileInRegisters<kTileM> a;
   auto load_a = [&](int t) {
-    a.load(A + int64_t(t) * kTileM * p.a_stride_m, p.a_stride_m, p.a_stride_k, p.M - t * kTileM, K);
+    a.load(A + int64_t(t) * kTileM * p.a_stride_m, p.a_stride_m, p.a_stride_k, a_along_k, p.M - t * kTileM, K);
   };
   {
     // B's and the first A tile's loads in flight together: one memory round trip.
-    TileInRegisters<kTileN> b(b_along_k, K);
+    TileInRegisters<kTileN> b;
     b.load(static_cast<const float*>(p.B) + l * p.b_stride_l + int64_t(n0) * p.b_stride_n, p.b_stride_n,
-           p.b_stride_k, p.N - n0, K);
+           p.b_stride_k, b_along_k, p.N - n0, K);
     load_a(t_begin);
-    b.store<kBRow>(b_tile, K);
+    b.store<kBRow>(b_tile, b_along_k, K);
   }
-  a.store<kARow>(a_tile[0], K);
+  a.store<kARow>(a_tile[0], a_along_k, K);
 
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   // Columns of this thread: two groups of four, at c0[g] .. c0[g] + 3 of the tile.
@@ -165,46 +156,26 @@ __global__ void __launch_bounds__(kThreads, 2) ffma_gemm_kernel(GemmParams p, in
       }
     }
 
-    // Output (i, g): row 4 ty + i of the tile, columns c0[g] .. c0[g] + 3.
-    auto outputs = [&](int i, int g, float (&v)[4], float (&y)[4]) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[j] = p.alpha * acc[i][4 * g + j] + bias[4 * g + j];
-        y[j] = act::forward(kAct, v[j]);
-      }
-    };
-    const int m_first = t * kTileM + 4 * ty;
-    float* const d_rows = d + int64_t(m_first) * p.d_stride_m;
-    float* const aux_rows = has_aux ? aux + int64_t(m_first) * p.aux_stride_m : nullptr;
-    if (vector_out && cols >= kTileN && t * kTileM + kTileM <= p.M) {
-      // A whole tile (all but the last row and column tiles): 16-byte stores without checks.
+    for (int i = 0; i < 4; ++i) {
+      const int m = t * kTileM + 4 * ty + i;
+      if (m >= p.M) break;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int g = 0; g < 2; ++g) {
+        const int valid = cols - c0[g];
+        if (valid <= 0) continue;
+        float v[4], y[4];
 #pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          float v[4], y[4];
-          outputs(i, g, v, y);
-          if (has_aux) store4(aux_rows + i * p.aux_stride_m + c0[g], v, true, 4);
-          store4(d_rows + i * p.d_stride_m + c0[g], y, true, 4);
+        for (int j = 0; j < 4; ++j) {
+          v[j] = p.alpha * acc[i][4 * g + j] + bias[4 * g + j];
+          y[j] = act::forward(kAct, v[j]);
         }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (m_first + i >= p.M) break;
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-          const int valid = cols - c0[g];
-          if (valid <= 0) continue;
-          float v[4], y[4];
-          outputs(i, g, v, y);
-          const bool vector = vector_out && valid >= 4;
-          if (has_aux) store4(aux_rows + i * p.aux_stride_m + c0[g], v, vector, valid);
-          store4(d_rows + i * p.d_stride_m + c0[g], y, vector, valid);
-        }
+        const bool vector = vector_out && valid >= 4;
+        if (has_aux) store4(aux + int64_t(m) * p.aux_stride_m + c0[g], v, vector, valid);
+        store4(d + int64_t(m) * p.d_stride_m + c0[g], y, vector, valid);
       }
     }
-    if (next) a.store<kARow>(a_tile[buf ^ 1], K);
+    if (next) a.store<kARow>(a_tile[buf ^ 1], a_along_k, K);
   }
 }
 
