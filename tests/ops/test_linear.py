@@ -1302,6 +1302,15 @@ def test_tf32_n_major_b_needs_no_copy(m):
 GEMV = "gemv_gemm_kernel"
 
 
+def check_batched_on_one_kernel(A, B, kernel, dtype_name):
+    """A batched matmul runs as one launch of `kernel` and matches float64."""
+    with fp32_precision(dtype_name):
+        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
+        peer = torch.matmul(A, B)
+    assert len(names) == 1 and kernel in names[0], names
+    assert_close_to_reference(y, A.double() @ B.double(), peer, dtype_name)
+
+
 def _a_layout(m, k, layout, dtype):
     if layout == "plain":
         return rand(m, k, device="cuda", dtype=dtype)
@@ -1359,11 +1368,7 @@ def test_gemv_kernel_batched(dtype_name, shared_b):
     A = rand(3, 130, 72, device="cuda", dtype=dtype)
     B = make_b(72, 4, "kn", "cuda", dtype)
     B = B.expand(3, 72, 4) if shared_b else torch.stack([B, 2 * B, -B])
-    with fp32_precision(dtype_name):
-        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
-        peer = torch.matmul(A, B)
-    assert len(names) == 1 and GEMV in names[0], names
-    assert_close_to_reference(y, A.double() @ B.double(), peer, dtype_name)
+    check_batched_on_one_kernel(A, B, GEMV, dtype_name)
 
 
 @requires_cuda
@@ -1495,11 +1500,7 @@ def test_fewrows_kernel_batched_and_strided(shared_b):
     W = rand(392, 512, device="cuda", dtype=F32, scale=512 ** -0.5)
     Wb = W.expand(3, 392, 512) if shared_b else torch.stack([W, 2 * W, -W])
     B = Wb.transpose(1, 2)
-    with fp32_precision("tf32"):
-        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
-        peer = torch.matmul(A, B)
-    assert len(names) == 1 and FEWROWS in names[0], names
-    assert_close_to_reference(y, A.double() @ B.double(), peer, "tf32")
+    check_batched_on_one_kernel(A, B, FEWROWS, "tf32")
 
 
 @requires_cuda
@@ -1622,11 +1623,7 @@ def test_ffma_kernel_batched(shared_b):
     A = rand(3, 130, 13, device="cuda", dtype=F32)
     B = make_b(13, 70, "kn", "cuda", F32)
     B = B.expand(3, 13, 70) if shared_b else torch.stack([B, 2 * B, -B])
-    with fp32_precision("fp32"):
-        y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
-        peer = torch.matmul(A, B)
-    assert len(names) == 1 and FFMA in names[0], names
-    assert_close_to_reference(y, A.double() @ B.double(), peer, "fp32")
+    check_batched_on_one_kernel(A, B, FFMA, "fp32")
 
 
 @requires_cuda
