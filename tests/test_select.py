@@ -362,3 +362,27 @@ def test_rounds_rule_keeps_to_its_measured_range(driver):
     assert pick(driver, 160, 4096, 4096)[0] == "t64x128_pp"  # K > 2048
     assert pick(driver, 160, 2048, 11008)[0] == "t64x128_pp"  # B over 8M elements
     assert pick(driver, 128, 1024, 1024, aux=True)[0] == "t64x32k128_pp"  # the aux tiles follow it too
+
+
+def ask(driver, line: str) -> str:
+    """The driver's one-line answer to one request line."""
+    return subprocess.run([str(driver)], input=line + "\n", capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("exact,k,outputs,in_place,expected", [
+    (True, 32, 2**30, True, True),      # without TF32 every K <= 32, however many outputs
+    (True, 33, 1, False, False),        # past the kernel's depth
+    (False, 13, 2**24, False, True),    # copied operands: up to 2^24 outputs
+    (False, 13, 2**24 + 1, False, False),
+    (False, 32, 2**20, False, True),
+    (False, 16, 2**21, True, True),     # operands in place: K <= 16 and up to 2^21 outputs
+    (False, 16, 2**21 + 1, True, False),
+    (False, 20, 1024, True, False),
+])
+def test_short_k_fp32_kernel_takes_few_outputs_under_tf32(driver, exact, k, outputs, in_place, expected):
+    assert ask(driver, f"ffma {int(exact)} {k} {outputs} {int(in_place)}") == str(int(expected))
+
+
+def test_few_column_kernel_takes_up_to_16_columns_in_fp32(driver):
+    assert ask(driver, "gemv 1") == "16"
+    assert ask(driver, "gemv 0") == "4"

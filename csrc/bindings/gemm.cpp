@@ -255,16 +255,13 @@ const GemmKernelEntry* direct_entry(bool (*family)(const GemmKernelEntry&), DTyp
 // launch-bound; 0.76-0.97x at 2048 x 4096, half the SMs without a tile), ahead of every CUTLASS
 // tile but at 2048 x 4096 -> 4 (31.6 us against 30.2 for the 64x64 transposed tile); at N = 8 and
 // 16 the transposed tensor-core tiles were faster (it reads 8-16 bytes of B from shared memory per
-// element of A there). fp32 takes it up to N = 16 under either policy: TF32 tiles pad such a
-// product's N to 16 and ran dX = dZ W of a 13-feature layer (2048 x 512 -> 13) on a stream-K tile
-// for 39 us on an H200, and exact fp32 has only CUTLASS's SIMT kernel besides. The config
-// override forces it (an error where it cannot run) or excludes it.
-constexpr int64_t kGemvChosenMaxN = 4;
+// element of A there); fp32 takes it up to N = 16 (gemv_chosen_max_n in gemm_select.h). The
+// config override forces it (an error where it cannot run) or excludes it.
 
 const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                          bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2), N = b3.size(2);
-  if (config.empty() && N > (dt == DType::kF32 ? kGemvMaxN : kGemvChosenMaxN)) return nullptr;  // most calls
+  if (config.empty() && N > gemv_chosen_max_n(dt == DType::kF32)) return nullptr;  // most calls: no table walk
   const GemmKernelEntry* entry = direct_entry(is_gemv, dt, math, aux, major_along_k(b3.stride(1), K));
   const bool forced = entry != nullptr && config == entry->config;
   if (entry == nullptr || !(config.empty() || forced)) return nullptr;
@@ -328,21 +325,8 @@ const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const a
 
 // fp32 with a short K: the hand-written kernel that multiplies exactly on the FMA units
 // (gemm/ffma_gemm.cuh), reading A, B and the bias where they are and writing D unpadded, or
-// nullptr for the other kernels. It takes K <= kFfmaMaxK, no C source and no second product.
-// Unforced it takes every such product without TF32: the exact path's CUTLASS SIMT kernel took
-// 40 us at 2048 x 13 -> 512 on an H200 (bench/NOTES.md section 35). With TF32 it competes with
-// tensor-core tiles that write D at the copy rate, where it is bound by its issue rate (ncu at
-// 65536 x 16 -> 4096: 0.69 instructions a cycle per scheduler, 45% of DRAM bandwidth), so it
-// takes only products of few outputs (M N L): up to kFfmaMaxOutputsCopied where the tiles would
-// first copy the operands (K or a row stride not a multiple of 16 bytes, unaligned data), up to
-// kFfmaMaxOutputsAligned with K <= 16 where they read them in place. Measured there (13 -> N,
-// padded copies and the 128x256 TF32 tile against this kernel): equal near 2^24 outputs for
-// N = 512, 1024 and 4096; with K = 16 in place the tile was ahead from 8192 x 512.
-constexpr int64_t kFfmaMaxK = 32;
-constexpr int64_t kFfmaAlignedMaxK = 16;
-constexpr int64_t kFfmaMaxOutputsCopied = int64_t(1) << 24;
-constexpr int64_t kFfmaMaxOutputsAligned = int64_t(1) << 21;
-
+// nullptr for the other kernels. It takes K <= kFfmaMaxK, no C source and no second product;
+// unforced, the products ffma_takes gives it (gemm_select.h).
 const GemmKernelEntry* short_k_f32_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3,
                                           const at::Tensor& b3, bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2);
@@ -354,13 +338,12 @@ const GemmKernelEntry* short_k_f32_kernel(DType dt, MathMode math, bool aux, con
   CE_CHECK(runs || !forced, "config '", config, "' takes K <= ", kFfmaMaxK,
            " and no C source; this product is ", a3.size(1), " x ", K, " -> ", b3.size(2),
            with_c_or_a2 ? " with a C source" : "");
-  if (!runs || forced || math == MathMode::kExactF32) return runs ? entry : nullptr;
-  const int64_t outputs = a3.size(0) * a3.size(1) * b3.size(2);
+  if (!runs || forced) return runs ? entry : nullptr;
   MatrixView va, vb;
   const bool tiles_read_in_place = K % 4 == 0 && as_matrix(a3, 4, va) && as_matrix(b3, 4, vb);
-  const bool takes = tiles_read_in_place ? K <= kFfmaAlignedMaxK && outputs <= kFfmaMaxOutputsAligned
-                                         : outputs <= kFfmaMaxOutputsCopied;
-  return takes ? entry : nullptr;
+  return ffma_takes(math == MathMode::kExactF32, K, a3.size(0) * a3.size(1) * b3.size(2), tiles_read_in_place)
+             ? entry
+             : nullptr;
 }
 
 // The weight gradient of a narrow fp32 layer (dW = dZ^T X of row-major dZ and X: an M-major A,

@@ -123,6 +123,15 @@ bool lowk_takes(int64_t K, int64_t M, int64_t L) {
   return K <= kLowKPreferredMaxK || (K <= kLowKMaxK && M * L <= kLowKLongMaxRows);
 }
 
+int64_t gemv_chosen_max_n(bool fp32) { return fp32 ? kGemvMaxN : 4; }
+
+bool ffma_takes(bool exact, int64_t K, int64_t outputs, bool tiles_read_in_place) {
+  if (K > kFfmaMaxK) return false;
+  if (exact) return true;
+  return tiles_read_in_place ? K <= kFfmaAlignedMaxK && outputs <= kFfmaMaxOutputsAligned
+                             : outputs <= kFfmaMaxOutputsCopied;
+}
+
 bool runs_depth(const GemmKernelEntry& e, int64_t K) { return !is_lowk(e) || K <= kLowKMaxK; }
 
 int co_resident_clusters(const GemmKernelEntry& e) { return e.active_clusters != nullptr ? e.active_clusters() : 0; }

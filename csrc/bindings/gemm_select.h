@@ -23,6 +23,31 @@ bool lowk_takes(int64_t K, int64_t M, int64_t L);
 // Whether a kernel can run a product of depth K.
 bool runs_depth(const GemmKernelEntry& e, int64_t K);
 
+// Columns up to which the hand-written few-column kernel (gemm/gemv_gemm.cuh) is the heuristic's
+// choice: 4 for 16-bit types (few_column_kernel in bindings/gemm.cpp gives the measurements);
+// kGemvMaxN (16) for fp32 under either policy: TF32 tiles pad such a product's N to 16 and ran
+// dX = dZ W of a 13-feature layer (2048 x 512 -> 13) on a stream-K tile for 39 us on an H200,
+// against 5.8 on this kernel, and exact fp32 has only CUTLASS's SIMT kernel besides.
+int64_t gemv_chosen_max_n(bool fp32);
+
+// The short-K fp32 kernel on the FMA units (gemm/ffma_gemm.cuh) runs K <= kFfmaMaxK. Whether it
+// is the heuristic's choice for a product of depth K with `outputs` = M N L outputs:
+// - without TF32 (`exact`) always: the exact path's CUTLASS SIMT kernel took 40 us at
+//   2048 x 13 -> 512 on an H200 (bench/NOTES.md section 35);
+// - with TF32 it competes with tensor-core tiles that write D at the copy rate, where it is bound by
+//   its issue rate (ncu at 65536 x 16 -> 4096: 0.69 instructions a cycle per scheduler, 45% of DRAM
+//   bandwidth), so only for few outputs: up to kFfmaMaxOutputsCopied where the tiles would first
+//   copy the operands (`tiles_read_in_place` false: K or a row stride not a multiple of 16 bytes,
+//   unaligned data), up to kFfmaMaxOutputsAligned with K <= kFfmaAlignedMaxK where they read them
+//   in place. Measured (13 -> N, padded copies and the 128x256 TF32 tile against this kernel, NOTES
+//   section 37): this kernel ahead up to 8M outputs and within 5% near 2^24 for N = 512, 1024 and
+//   4096; with K = 16 in place the tile was ahead from 8192 x 512 (4M outputs).
+constexpr int64_t kFfmaMaxK = 32;
+constexpr int64_t kFfmaAlignedMaxK = 16;
+constexpr int64_t kFfmaMaxOutputsCopied = int64_t(1) << 24;
+constexpr int64_t kFfmaMaxOutputsAligned = int64_t(1) << 21;
+bool ffma_takes(bool exact, int64_t K, int64_t outputs, bool tiles_read_in_place);
+
 // Clusters of a kernel that fit on the current device at once; 0 when it does not run in
 // clusters or the count is unknown.
 int co_resident_clusters(const GemmKernelEntry& e);

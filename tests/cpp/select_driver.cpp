@@ -7,6 +7,10 @@
 //     prints "<config> <splits>" (splits: split_k_factor for a stream-K pick, else 1);
 //   slices <tile_m> <tile_n> <M> <N> <K> <sms>
 //     prints k_slices for a K-slices kernel of that tile;
+//   ffma <exact> <K> <outputs> <tiles_read_in_place>
+//     prints 1 where the short-K fp32 kernel is the heuristic's choice (ffma_takes), else 0;
+//   gemv <fp32>
+//     prints the columns up to which the few-column kernel is chosen (gemv_chosen_max_n);
 //   reset
 //     clears the candidates.
 #include <array>
@@ -100,6 +104,23 @@ int main() {
       e.tile_n = tile_n;
       e.k_slices = true;
       std::printf("%d\n", cutlass_ext::k_slices(e, M, N, K, sms));
+    } else if (what == "ffma") {
+      int exact, in_place;
+      long long K, outputs;
+      in >> exact >> K >> outputs >> in_place;
+      if (!in) {
+        std::printf("error: bad ffma line: %s\n", line.c_str());
+        return 1;
+      }
+      std::printf("%d\n", int(cutlass_ext::ffma_takes(exact != 0, K, outputs, in_place != 0)));
+    } else if (what == "gemv") {
+      int fp32;
+      in >> fp32;
+      if (!in) {
+        std::printf("error: bad gemv line: %s\n", line.c_str());
+        return 1;
+      }
+      std::printf("%lld\n", static_cast<long long>(cutlass_ext::gemv_chosen_max_n(fp32 != 0)));
     } else if (what == "reset") {
       candidates.clear();
       g_clusters.fill(0);
