@@ -82,11 +82,16 @@ def pick(driver, m, k, n, *, aux=False, extk=False, dtype="bf16", b_major="k", a
     return run_query(driver, candidate_lines(k_p, aux, dtype, a_major, b_major), query)
 
 
+def ask(driver, *lines: str) -> str:
+    """What the driver prints for these request lines (the last one's answer: the lines before it
+    only add kernels)."""
+    return subprocess.run([str(driver)], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def run_query(driver, lines: list[str], query: str) -> tuple[str, int]:
     """(config, split count) the driver prints for ``query`` over the kernel ``lines``."""
-    out = subprocess.run([str(driver)], input="\n".join(lines + [query]) + "\n", capture_output=True, text=True,
-                         check=True)
-    config, splits = out.stdout.split()
+    config, splits = ask(driver, *lines, query).split()
     return config, int(splits)
 
 
@@ -223,9 +228,7 @@ def test_the_aux_forward_has_the_32_64_and_128_wide_transposed_tiles(driver):
 
 def slices(driver, m, k, n):
     """k_slices for the 128x128 K-slices kernel on an m x n product of depth k on SMS SMs."""
-    out = subprocess.run([str(driver)], input=f"slices 128 128 {m} {n} {k} {SMS}\n", capture_output=True,
-                         text=True, check=True)
-    return int(out.stdout)
+    return int(ask(driver, f"slices 128 128 {m} {n} {k} {SMS}"))
 
 
 @pytest.mark.parametrize("m,k,n,expected", [
@@ -362,11 +365,6 @@ def test_rounds_rule_keeps_to_its_measured_range(driver):
     assert pick(driver, 160, 4096, 4096)[0] == "t64x128_pp"  # K > 2048
     assert pick(driver, 160, 2048, 11008)[0] == "t64x128_pp"  # B over 8M elements
     assert pick(driver, 128, 1024, 1024, aux=True)[0] == "t64x32k128_pp"  # the aux tiles follow it too
-
-
-def ask(driver, line: str) -> str:
-    """The driver's one-line answer to one request line."""
-    return subprocess.run([str(driver)], input=line + "\n", capture_output=True, text=True, check=True).stdout.strip()
 
 
 @pytest.mark.parametrize("exact,k,outputs,in_place,expected", [
