@@ -123,7 +123,9 @@ bool lowk_takes(int64_t K, int64_t M, int64_t L) {
   return K <= kLowKPreferredMaxK || (K <= kLowKMaxK && M * L <= kLowKLongMaxRows);
 }
 
-int64_t gemv_chosen_max_n(bool fp32) { return fp32 ? kGemvMaxN : 4; }
+constexpr int64_t kGemv16BitChosenMaxN = 4;  // 16-bit types (gemm_select.h)
+
+int64_t gemv_chosen_max_n(bool fp32) { return fp32 ? kGemvMaxN : kGemv16BitChosenMaxN; }
 
 bool ffma_takes(bool exact, int64_t K, int64_t outputs, bool tiles_read_in_place) {
   if (K > kFfmaMaxK) return false;
