@@ -1691,8 +1691,9 @@ WGRAD = "wgrad_gemm_kernel"
 @pytest.mark.parametrize("m,k,n", [(512, 2048, 13), (16, 65536, 64), (300, 40, 5), (1000, 7, 16), (13, 5000, 13),
                                    (1, 999, 300), (700, 100000, 1)])
 def test_wgrad_kernel(policy, m, k, n):
-    # N or M narrow (the other side up to several 256-column blocks), one slice (written
-    # directly) or many (partial sums added by sum_partials), K not a multiple of the 32-row chunk.
+    # N or M narrow (the other side up to several 128-column blocks), one slice (written directly)
+    # or many (partial products added by sum_partials), K not a multiple of the 4-row chunk, fewer
+    # chunks than a block's warps.
     A = rand(k, m, device="cuda", dtype=F32).t()  # dZ^T: M-major
     B = rand(k, n, device="cuda", dtype=F32)      # X: N-major
     with fp32_precision(policy):
@@ -1700,6 +1701,28 @@ def test_wgrad_kernel(policy, m, k, n):
         peer = torch.matmul(A, B)
     assert names and WGRAD in names[0] and all(WGRAD in n or "sum_partials" in n for n in names), names
     assert_close_to_reference(out, A.double() @ B.double(), peer, "fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("wide", ["contiguous", "offset"])
+@pytest.mark.parametrize("m,k,n", [(512, 2048, 13), (16, 65536, 64), (40, 3001, 3), (130, 9, 8), (7, 500, 257)])
+def test_wgrad_kernel_slices_and_unaligned_rows(wide, m, k, n):
+    # Slices of the rows whose partial products sum_partials adds in slice order (the same bits on
+    # every call), or one slice written directly; the wide operand contiguous (its rows on 16 bytes
+    # where its width is a multiple of four: a lane's four columns copied as one piece) or not (an
+    # offset start and an odd row stride: one by one).
+    def rows(cols, offset):
+        return rand(k, cols + 1, device="cuda", dtype=F32)[:, 1:] if offset else rand(k, cols, device="cuda", dtype=F32)
+    wide_m = n <= 16
+    A = rows(m, wide == "offset" and wide_m).t()
+    B = rows(n, wide == "offset" and not wide_m)
+    with fp32_precision("fp32"):
+        out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B, config="wgrad_256"))
+        peer = torch.matmul(A, B)
+        again = cutlass_ext.matmul(A, B, config="wgrad_256")
+    assert names and WGRAD in names[0] and all(WGRAD in n or "sum_partials" in n for n in names), names
+    assert_close_to_reference(out, A.double() @ B.double(), peer, "fp32")
+    assert torch.equal(out, again)
 
 
 @requires_cuda
