@@ -210,19 +210,20 @@ __global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsPara
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (col < p.inner) {
     const float* src = p.partials + o * p.splits * p.inner + col;
-    int s = threadIdx.y;
-    for (; s + 3 * lanes < p.splits; s += 4 * lanes) {
-      float4 v[4];
+    // Eight of the lane's splits loaded at once (those past the end not at all), then added in
+    // order: one memory round trip for up to 8 * lanes splits.
+    for (int s = threadIdx.y; s < p.splits; s += 8 * lanes) {
+      float4 v[8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(src + int64_t(s + u * lanes) * p.inner);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        acc[0] += v[u].x; acc[1] += v[u].y; acc[2] += v[u].z; acc[3] += v[u].w;
+      for (int u = 0; u < 8; ++u) {
+        if (s + u * lanes < p.splits) v[u] = *reinterpret_cast<const float4*>(src + int64_t(s + u * lanes) * p.inner);
       }
-    }
-    for (; s < p.splits; s += lanes) {
-      const float4 v = *reinterpret_cast<const float4*>(src + int64_t(s) * p.inner);
-      acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (s + u * lanes < p.splits) {
+          acc[0] += v[u].x; acc[1] += v[u].y; acc[2] += v[u].z; acc[3] += v[u].w;
+        }
+      }
     }
   }
   const int width = q * 4;
