@@ -224,8 +224,8 @@ FFMA_CONFIG = HandWrittenConfig("ffma_64x128", "ffma", (64, 128),
                                 use="fp32 with K <= 32 (narrow input layers): exact fp32 on the FMA units")
 # Weight gradients of narrow fp32 layers (dW = dZ^T X with M or N <= 16): a reduction over the rows
 # on the FMA units, which the TF32 tiles could only read through register transposes.
-# Tile: threads (columns of the wide operand) per block at most, J sums each.
-WGRAD_CONFIG = HandWrittenConfig("wgrad_256", "wgrad", (256, 16),
+# Tile: columns of the wide operand per block (four a lane), J sums each.
+WGRAD_CONFIG = HandWrittenConfig("wgrad_256", "wgrad", (128, 16),
                                  use="fp32 plain products of an M-major A and an N-major B with M or N <= 16 "
                                      "(narrow layers' weight gradients)")
 HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG, FFMA_CONFIG, WGRAD_CONFIG)
