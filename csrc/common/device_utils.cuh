@@ -167,6 +167,12 @@ __device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* gmem
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(valid ? 16 : 0));
 }
 
+// One float copied (through L1), or a zero where !valid (`gmem` must still be a valid address).
+__device__ __forceinline__ void cp_async_4_or_zero(float* smem, const float* gmem, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(gmem), "r"(valid ? 4 : 0));
+}
+
 // Closes this thread's current group of cp.async copies.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

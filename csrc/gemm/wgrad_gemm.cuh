@@ -67,12 +67,6 @@ constexpr bool sums_fit(int warps) {
 constexpr int kMinWarps = 2;
 static_assert(sums_fit<4>(kMinWarps) && sums_fit<8>(kMinWarps) && sums_fit<kMaxJ>(kMinWarps), "the sums reuse the rings");
 
-// One float copied into shared memory, or a zero where !valid (`gmem` must still be a valid address).
-__device__ __forceinline__ void cp_async_4_or_zero(float* smem, const float* gmem, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(gmem), "r"(valid ? 4 : 0));
-}
-
 // A template (of the element type, fp32) like every kernel of the library: each generated unit that
 // includes this header instantiates it, and the linker keeps one copy. kJ: the narrow side rounded
 // up to 4, 8 or 16 (the sums a lane keeps per column). The block has blockDim.x / 32 warps, at
