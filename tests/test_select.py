@@ -381,6 +381,18 @@ def test_short_k_fp32_kernel_takes_few_outputs_under_tf32(driver, exact, k, outp
     assert ask(driver, f"ffma {int(exact)} {k} {outputs} {int(in_place)}") == str(int(expected))
 
 
-def test_few_column_kernel_takes_up_to_16_columns_in_fp32(driver):
-    assert ask(driver, "gemv 1") == "16"
-    assert ask(driver, "gemv 0") == "4"
+@pytest.mark.parametrize("fp32,exact,rows,n,expected", [
+    (True, True, 2**30, 16, True),    # exact fp32: always up to 16 columns
+    (True, True, 2**30, 17, False),
+    (True, False, 16384, 16, True),   # TF32: up to 16 columns over up to 16384 rows,
+    (True, False, 16385, 16, False),  # then the transposed 64-row tiles where N is a multiple of 4
+    (True, False, 16385, 8, False),
+    (True, False, 2**30, 13, True),   # (the tiles would copy B and D otherwise)
+    (True, False, 2**30, 4, True),
+    (True, False, 1, 16, True),
+    (False, False, 1, 4, True),       # 16-bit types: up to 4
+    (False, False, 1, 5, False),
+    (False, False, 2**30, 1, True),
+])
+def test_few_column_kernel_takes_up_to_16_columns_in_fp32_over_few_rows(driver, fp32, exact, rows, n, expected):
+    assert ask(driver, f"gemv {int(fp32)} {int(exact)} {rows} {n}") == str(int(expected))

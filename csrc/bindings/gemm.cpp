@@ -255,13 +255,16 @@ const GemmKernelEntry* direct_entry(bool (*family)(const GemmKernelEntry&), DTyp
 // launch-bound; 0.76-0.97x at 2048 x 4096, half the SMs without a tile), ahead of every CUTLASS
 // tile but at 2048 x 4096 -> 4 (31.6 us against 30.2 for the 64x64 transposed tile); at N = 8 and
 // 16 the transposed tensor-core tiles were faster (it reads 8-16 bytes of B from shared memory per
-// element of A there); fp32 takes it up to N = 16 (gemv_chosen_max_n in gemm_select.h). The
+// element of A there); fp32 takes it up to N = 16, with TF32 over more than 16384 rows only where N
+// is not a multiple of 4 (gemv_chosen in gemm_select.h). The
 // config override forces it (an error where it cannot run) or excludes it.
 
 const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                          bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2), N = b3.size(2);
-  if (config.empty() && N > gemv_chosen_max_n(dt == DType::kF32)) return nullptr;  // most calls: no table walk
+  if (config.empty() && !gemv_chosen(dt == DType::kF32, math == MathMode::kExactF32, a3.size(0) * a3.size(1), N)) {
+    return nullptr;  // most calls: no table walk
+  }
   const GemmKernelEntry* entry = direct_entry(is_gemv, dt, math, aux, major_along_k(b3.stride(1), K));
   const bool forced = entry != nullptr && config == entry->config;
   if (entry == nullptr || !(config.empty() || forced)) return nullptr;

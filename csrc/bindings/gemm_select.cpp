@@ -123,9 +123,14 @@ bool lowk_takes(int64_t K, int64_t M, int64_t L) {
   return K <= kLowKPreferredMaxK || (K <= kLowKMaxK && M * L <= kLowKLongMaxRows);
 }
 
-constexpr int64_t kGemv16BitChosenMaxN = 4;  // 16-bit types (gemm_select.h)
+constexpr int64_t kGemv16BitChosenMaxN = 4;  // 16-bit types, and TF32 over many rows (gemm_select.h)
+constexpr int64_t kGemvF32MaxRows = 16384;     // TF32 products with 8, 12 or 16 columns up to here (gemm_select.h)
 
-int64_t gemv_chosen_max_n(bool fp32) { return fp32 ? kGemvMaxN : kGemv16BitChosenMaxN; }
+bool gemv_chosen(bool fp32, bool exact, int64_t rows, int64_t N) {
+  if (N <= kGemv16BitChosenMaxN) return true;
+  if (!fp32 || N > kGemvMaxN) return false;
+  return exact || rows <= kGemvF32MaxRows || N % 4 != 0;
+}
 
 bool ffma_takes(bool exact, int64_t K, int64_t outputs, bool tiles_read_in_place) {
   if (K > kFfmaMaxK) return false;

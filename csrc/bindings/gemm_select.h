@@ -23,12 +23,17 @@ bool lowk_takes(int64_t K, int64_t M, int64_t L);
 // Whether a kernel can run a product of depth K.
 bool runs_depth(const GemmKernelEntry& e, int64_t K);
 
-// Columns up to which the hand-written few-column kernel (gemm/gemv_gemm.cuh) is the heuristic's
-// choice: 4 for 16-bit types (few_column_kernel in bindings/gemm.cpp gives the measurements);
-// kGemvMaxN (16) for fp32 under either policy: TF32 tiles pad such a product's N to 16 and ran
-// dX = dZ W of a 13-feature layer (2048 x 512 -> 13) on a stream-K tile for 39 us on an H200,
-// against 5.8 on this kernel, and exact fp32 has only CUTLASS's SIMT kernel besides.
-int64_t gemv_chosen_max_n(bool fp32);
+// Whether the hand-written few-column kernel (gemm/gemv_gemm.cuh) is the heuristic's choice for a
+// product with N columns over `rows` = M L rows: N <= 4 for 16-bit types (few_column_kernel in
+// bindings/gemm.cpp gives the measurements); for fp32 N <= kGemvMaxN (16), but with TF32 over more
+// than kGemvF32MaxRows rows only N <= 4 or N not a multiple of 4 (where the tiles would copy).
+// Without TF32 only CUTLASS's SIMT kernel is besides. With TF32 the few-column kernel ran dX = dZ W
+// of a 13-feature layer (2048 x 512 -> 13) in 5.8 us against 39 for a stream-K tile on N padded
+// to 16, and 8192 x 64 -> 16 and 8192 x 512 -> 13 in 10.0 and 18.1 us against 10.2 and 21.1 for
+// the best transposed tile (CUDA graphs, H200); from 32768 rows the transposed 64-row tiles were
+// ahead: 65536 x 64 -> 16 16.0 against 19.6 us, 65536 x 256 -> 16 29.9 against 47.0 (bench/NOTES.md
+// section 38).
+bool gemv_chosen(bool fp32, bool exact, int64_t rows, int64_t N);
 
 // The short-K fp32 kernel on the FMA units (gemm/ffma_gemm.cuh) runs K <= kFfmaMaxK. Whether it
 // is the heuristic's choice for a product of depth K with `outputs` = M N L outputs:

@@ -9,8 +9,8 @@
 //     prints k_slices for a K-slices kernel of that tile;
 //   ffma <exact> <K> <outputs> <tiles_read_in_place>
 //     prints 1 where the short-K fp32 kernel is the heuristic's choice (ffma_takes), else 0;
-//   gemv <fp32>
-//     prints the columns up to which the few-column kernel is chosen (gemv_chosen_max_n);
+//   gemv <fp32> <exact> <rows> <N>
+//     prints 1 where the few-column kernel is the heuristic's choice (gemv_chosen), else 0;
 //   reset
 //     clears the candidates.
 #include <array>
@@ -114,13 +114,14 @@ int main() {
       }
       std::printf("%d\n", int(cutlass_ext::ffma_takes(exact != 0, K, outputs, in_place != 0)));
     } else if (what == "gemv") {
-      int fp32;
-      in >> fp32;
+      int fp32, exact;
+      long long rows, N;
+      in >> fp32 >> exact >> rows >> N;
       if (!in) {
         std::printf("error: bad gemv line: %s\n", line.c_str());
         return 1;
       }
-      std::printf("%lld\n", static_cast<long long>(cutlass_ext::gemv_chosen_max_n(fp32 != 0)));
+      std::printf("%d\n", int(cutlass_ext::gemv_chosen(fp32 != 0, exact != 0, rows, N)));
     } else if (what == "reset") {
       candidates.clear();
       g_clusters.fill(0);

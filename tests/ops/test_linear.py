@@ -1406,11 +1406,14 @@ def test_gemv_heuristic(m, k, n, expected):
 
 @requires_cuda
 @pytest.mark.parametrize("policy", ["tf32", "fp32"])
-@pytest.mark.parametrize("n,expected", [(13, True), (16, True), (17, False)])
-def test_gemv_heuristic_fp32(policy, n, expected):
-    # fp32 takes the few-column kernel up to N = 16 under either policy (dX of a 13-feature layer).
-    A = rand(2048, 512, device="cuda", dtype=torch.float32)
+@pytest.mark.parametrize("m,n", [(2048, 13), (2048, 16), (2048, 17), (16384, 16), (16385, 16), (40000, 13), (40000, 4)])
+def test_gemv_heuristic_fp32(policy, m, n):
+    # fp32 takes the few-column kernel up to N = 16 (dX of a 13-feature layer): without TF32 always,
+    # with TF32 over more than 16384 rows only where N <= 4 or N is not a multiple of 4 (else the
+    # transposed tiles are faster).
+    A = rand(m, 512, device="cuda", dtype=torch.float32)
     B = make_b(512, n, "kn", "cuda", torch.float32)
+    expected = n <= 16 and (policy == "fp32" or m <= 16384 or n <= 4 or n % 4 != 0)
     with fp32_precision(policy):
         y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
         peer = torch.matmul(A, B)
