@@ -211,12 +211,10 @@ __global__ void __launch_bounds__(kThreads) gemv_gemm_kernel(GemmParams p, bool 
   }
 }
 
-// Lanes sharing a row: enough 16-byte chunks for each lane to have one, at most a warp; at
-// N > 8, two (the kernel loads two chunks of each row at once there), so that a short row
-// (64 -> 16's K = 64) still keeps two loads of it in flight a lane.
+// Lanes sharing a row: enough 16-byte chunks for each lane to have one, at most a warp.
 template <class T>
-int lanes_for(int64_t K, int N) {
-  const int64_t chunks = ceil_div(K, chunk_elems<T>()) / (gemv_n_pow2(N) >= 16 ? 2 : 1);
+int lanes_for(int64_t K) {
+  const int64_t chunks = ceil_div(K, chunk_elems<T>());
   return chunks >= 32 ? 32 : chunks >= 16 ? 16 : chunks >= 8 ? 8 : 4;
 }
 
@@ -256,7 +254,7 @@ struct GemmBundle {
     const bool vector_a =
         aligned16(p.A) && p.a_stride_m % kVec == 0 && (p.L == 1 || p.a_stride_l % kVec == 0);
     LaunchResult result;
-    dispatch_shape(p.N, lanes_for<T>(p.K, p.N), [&](auto n, auto lanes) {
+    dispatch_shape(p.N, lanes_for<T>(p.K), [&](auto n, auto lanes) {
       constexpr int kN = decltype(n)::value, kLanes = decltype(lanes)::value;
       const int64_t smem = gemv_shared_bytes(p.K, p.N, int(sizeof(T)));
       if (smem > kGemvMaxSharedBytes) {
