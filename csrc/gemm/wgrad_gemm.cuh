@@ -11,10 +11,11 @@
 // its warps takes every nw-th 4-row chunk of the slice and keeps the J sums of its lane's four
 // columns (64 registers). A warp copies its chunks of X (a warp's copy of a row is one contiguous
 // 512-byte piece) and of Q into its own ring of shared-memory stages with cp.async, kStages - 1
-// chunks ahead of the one it multiplies, so it waits on no load. Per row a lane reads its four X
-// values and the row's J values of Q (the same for every lane) from shared memory for 4 J
-// multiply-adds: with one column a lane, those broadcast reads of Q bounded the kernel (one
-// 16-byte read per 4 multiply-adds). At the end the warps' sums are added in the block in warp
+// chunks ahead of the one it multiplies. Per row a lane reads its four X values and the row's J
+// values of Q (the same for every lane) from shared memory for 4 J multiply-adds. With one column
+// a lane (one 16-byte read of Q per 4 multiply-adds) the kernel ran 3-5x slower than its bytes
+// allow, which a count of those reads at four shared-memory cycles each explains (bench/NOTES.md
+// section 38); four columns a lane ran the 65536-row dW of a 13 -> 512 layer at 3.4 TB/s. At the end the warps' sums are added in the block in warp
 // order, and each slice writes a partial product that sum_partials adds in slice order (the result
 // does not depend on timing).
 #pragma once
