@@ -226,10 +226,8 @@ struct GemmBundle {
 
   static Plan plan(GemmParams const& p) {
     const bool n_narrow = narrow_n(p);
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) (void)cudaGetLastError();
     return plan_for(p.K, n_narrow ? p.M : p.N, n_narrow ? p.N : p.M, p.sm_count,
-                    int64_t(max_dynamic_shared_bytes(device)) - kSharedRowReserve);
+                    int64_t(max_dynamic_shared_bytes(p.device)) - kSharedRowReserve);
   }
 
   static size_t workspace_size(GemmParams const& p) {
@@ -275,9 +273,7 @@ struct GemmBundle {
     a.out = partials ? static_cast<float*>(workspace) : static_cast<float*>(p.D);
 
     auto kernel = kernel_for<Element>(a.J);
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device);
+    cudaError_t err = allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), p.device);
     if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
     const dim3 grid(unsigned(pl.tiles_w), unsigned(pl.slices));
     kernel<<<grid, unsigned(pl.warps * 32), size_t(pl.warps) * ring_bytes_for(a.J), stream>>>(a);
