@@ -51,12 +51,17 @@ int main() {
     std::istringstream in(line);
     std::string what;
     in >> what;
+    // Whether a line's fields did not parse (or its other checks failed): says so, naming the line.
+    auto bad = [&](bool ok, const char* kind) {
+      if (!ok) std::printf("error: bad %s: %s\n", kind, line.c_str());
+      return !ok;
+    };
     if (what == "kernel") {
       std::string config, family, dtype;
       int tile_m, tile_n, cluster_size, stream_k, transposed, clusters, aux;
       in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters >> aux >> dtype;
-      if (!in || candidates.size() >= size_t(kMaxKernels) || (dtype != "bf16" && dtype != "fp16" && dtype != "tf32")) {
-        std::printf("error: bad kernel line: %s\n", line.c_str());
+      if (bad(in && candidates.size() < size_t(kMaxKernels) && (dtype == "bf16" || dtype == "fp16" || dtype == "tf32"),
+              "kernel line")) {
         return 1;
       }
       const int slot = int(candidates.size());
@@ -84,10 +89,7 @@ int main() {
       long long M, N, K, L, element_size;
       int sms, extk;
       in >> M >> N >> K >> L >> sms >> extk >> element_size;
-      if (!in || candidates.empty()) {
-        std::printf("error: bad query line (or no kernels): %s\n", line.c_str());
-        return 1;
-      }
+      if (bad(in && !candidates.empty(), "query line (or no kernels)")) return 1;
       const cutlass_ext::GemmKernelEntry* e = cutlass_ext::select_kernel(candidates, M, N, K, L, sms, extk != 0);
       const int splits = e->stream_k ? cutlass_ext::split_k_factor(*e, M, N, K, L, sms, element_size) : 1;
       std::printf("%s %d\n", e->config, splits);
@@ -95,10 +97,7 @@ int main() {
       int tile_m, tile_n, sms;
       long long M, N, K;
       in >> tile_m >> tile_n >> M >> N >> K >> sms;
-      if (!in) {
-        std::printf("error: bad slices line: %s\n", line.c_str());
-        return 1;
-      }
+      if (bad(bool(in), "slices line")) return 1;
       cutlass_ext::GemmKernelEntry e{};
       e.tile_m = tile_m;
       e.tile_n = tile_n;
@@ -108,19 +107,13 @@ int main() {
       int exact, in_place;
       long long K, outputs;
       in >> exact >> K >> outputs >> in_place;
-      if (!in) {
-        std::printf("error: bad ffma line: %s\n", line.c_str());
-        return 1;
-      }
+      if (bad(bool(in), "ffma line")) return 1;
       std::printf("%d\n", int(cutlass_ext::ffma_takes(exact != 0, K, outputs, in_place != 0)));
     } else if (what == "gemv") {
       int fp32, exact;
       long long rows, N;
       in >> fp32 >> exact >> rows >> N;
-      if (!in) {
-        std::printf("error: bad gemv line: %s\n", line.c_str());
-        return 1;
-      }
+      if (bad(bool(in), "gemv line")) return 1;
       std::printf("%d\n", int(cutlass_ext::gemv_chosen(fp32 != 0, exact != 0, rows, N)));
     } else if (what == "reset") {
       candidates.clear();
