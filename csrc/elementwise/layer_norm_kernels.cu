@@ -139,32 +139,34 @@ __device__ __forceinline__ void load_affine(const void* weight, const void* bias
   }
 }
 
-// Dropout of kVec adjacent elements numbered index, index + 1, ... (in place).
+// The dropout seed (one int64 in device memory), read where a kernel starts so that the load's
+// round trip overlaps the row's loads instead of following the statistics; 0 with dropout off.
+template <bool kOn>
+__device__ __forceinline__ uint64_t dropout_seed(DropoutParams const& d) {
+  if constexpr (kOn) {
+    return uint64_t(__ldg(d.seed));
+  } else {
+    return 0;
+  }
+}
+
+// Dropout of kVec adjacent elements numbered index, index + 1, ... (in place). On or off at
+// compile time: off, apply() is never reached and the keys hold no registers.
 struct Dropout {
   CounterRng rng;
   uint32_t cmp;  // dropout_compare_threshold of the keep threshold
   float scale;
   bool on;
 
-  // The keys are derived from the seed only when dropout is on (a branch, not a select: the
-  // derivation is ~25 instructions per thread, as much as a short row's whole statistics).
-  __device__ explicit Dropout(DropoutParams const& d)
-      : rng(0), cmp(dropout_compare_threshold(d.keep_threshold)), scale(d.keep_scale), on(d.seed != nullptr) {
-    if (on) rng = keys(d.seed);
-  }
-  // Dropout off, known at compile time: apply() is never reached and holds no registers.
-  __device__ Dropout() : rng(0), cmp(0), scale(1.f), on(false) {}
+  // `seed` from dropout_seed<kOn>: the keys are derived here, after the loads that hide its fetch.
   template <bool kOn>
-  static __device__ __forceinline__ Dropout make(DropoutParams const& d) {
+  static __device__ __forceinline__ Dropout make(DropoutParams const& d, uint64_t seed) {
     if constexpr (kOn) {
-      return Dropout(d);
+      return Dropout{CounterRng(seed), dropout_compare_threshold(d.keep_threshold), d.keep_scale, true};
     } else {
-      return Dropout();
+      return Dropout{CounterRng(0), 0, 1.f, false};
     }
   }
-  // Not inlined: inlined, the derivation was if-converted into ~25 predicated instructions that
-  // every thread issued with dropout off.
-  static __device__ __noinline__ CounterRng keys(const int64_t* seed) { return CounterRng(uint64_t(*seed)); }
 
   // `index` is a multiple of kVec: the vector paths take rows of a multiple of kVec columns and
   // pieces at multiples of kVec (dropout_keep_run's precondition).
@@ -373,7 +375,7 @@ __device__ __forceinline__ float raw_input(RawVec<T, kVec> const& r, int j) {
 // select per element (bench/NOTES.md section 10). One wave of short blocks after another: a
 // persistent grid that kept weight and bias in registers and prefetched the next row measured
 // slower, and so did one that streamed rows through shared memory with cp.async.
-template <class T, int kVec, int kVecs, int kTpr, int kThreads, bool kRelu, int kRows>
+template <class T, int kVec, int kVecs, int kTpr, int kThreads, bool kRelu, bool kDropout, int kRows>
 __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNormParams p) {
   constexpr int kGroups = kThreads / kTpr;
   constexpr int kRowsPerBlock = kGroups * kRows;
@@ -407,6 +409,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
     ws[i] = weight != nullptr ? load_raw<T, kVec>(weight + c) : raw_fill<T, kVec>(1.f);
     bs[i] = bias != nullptr ? load_raw<T, kVec>(bias + c) : raw_fill<T, kVec>(0.f);
   }
+  const uint64_t seed = dropout_seed<kDropout>(p.dropout);
 
   auto h_at = [&](int r, int i, int j) { return raw_input<kRelu>(xs[r][i], j); };
   // This thread's sum of term(h) over the valid columns of row r (per vector, then masked).
@@ -436,7 +439,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rstd[r] = rsqrtf(group_sum<kTpr>(rstd[r], scratch) * inv_cols + p.eps);
-  const Dropout drop(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout, seed);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (!row_ok[r]) continue;
@@ -526,6 +529,7 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   const int cols = int(p.cols);  // the row (or its slice) fits in shared memory
   const RowSlice part = kCluster ? cluster_slice(p.cols, slice) : RowSlice{0, cols};
   copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld + part.begin, part.n);
+  const uint64_t seed = dropout_seed<kDropout>(p.dropout);
 
   // The shift: this thread's first element (its round 0, in group 0; a thread with no piece at all
   // has nothing to sum).
@@ -567,7 +571,7 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
     p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
-  const Dropout drop = Dropout::make<kDropout>(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout, seed);
   const T* weight = static_cast<const T*>(p.weight) + (p.weight != nullptr ? part.begin : 0);
   const T* bias = static_cast<const T*>(p.bias) + (p.bias != nullptr ? part.begin : 0);
   T* y = static_cast<T*>(p.y) + row * p.y_ld + part.begin;
@@ -621,6 +625,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNorm
   const int64_t row = blockIdx.x;
   const int64_t cols = p.cols;
   const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
+  const uint64_t seed = dropout_seed<kDropout>(p.dropout);
 
   Moments m{0.f, 0.f, 0.f};
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
@@ -629,7 +634,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNorm
     add_vector_moments<kVec>(m, h, p.relu);
   }
   const float2 stats = finish_statistics(p, block_moments<kThreads>(m), row);
-  const Dropout drop = Dropout::make<kDropout>(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout, seed);
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
     normalize_piece<T, kVec>(p, drop, row, col, x + col, stats);
   }
@@ -643,13 +648,15 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     constexpr int kRows = Cfg::kRows;
     constexpr int64_t kRowsPerBlock = int64_t(Cfg::kRowsPerBlock) * kRows;
     const unsigned blocks = unsigned((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    if (p.relu) {
-      layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, true, kRows>
-          <<<blocks, Cfg::kThreads, 0, stream>>>(p);
-    } else {
-      layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, false, kRows>
-          <<<blocks, Cfg::kThreads, 0, stream>>>(p);
-    }
+    auto of = [&](auto relu, auto dropout) {
+      return layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, decltype(relu)::value,
+                                        decltype(dropout)::value, kRows>;
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    auto kernel = p.dropout.seed != nullptr ? (p.relu ? of(Yes{}, Yes{}) : of(No{}, Yes{}))
+                                            : (p.relu ? of(Yes{}, No{}) : of(No{}, No{}));
+    kernel<<<blocks, Cfg::kThreads, 0, stream>>>(p);
   });
   if (in_registers) return;
   int device = 0;
@@ -813,7 +820,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
   const int64_t cols = p.cols;
   const float inv_cols = __fdividef(1.f, float(cols));  // no call (see above); exact for cols = 1
   const bool need_columns = p.grad_weight != nullptr || p.grad_bias != nullptr;
-  const Dropout drop = Dropout::make<kDropout>(p.dropout);
+  const uint64_t seed = dropout_seed<kDropout>(p.dropout);
   const T* weight = static_cast<const T*>(p.weight);
 
   int64_t col[kVecs];
@@ -826,6 +833,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads) layer_norm_bwd_rows
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc_w[i][j] = acc_b[i][j] = 0.f;
   }
+  const Dropout drop = Dropout::make<kDropout>(p.dropout, seed);
 
   const int64_t stride = int64_t(gridDim.x) * kRowsPerBlock;
   int parity = 0;
@@ -937,7 +945,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNorm
   const float mean = p.mean[row], rstd = p.rstd[row];
   const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
   const T* dy = static_cast<const T*>(p.grad) + row * p.grad_ld;
-  const Dropout drop = Dropout::make<kDropout>(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout, dropout_seed<kDropout>(p.dropout));
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
     add_dx_sums<T, kVec>(p, drop, row, col, x + col, dy + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
@@ -964,7 +972,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNo
   const float mean = p.mean[row], rstd = p.rstd[row];
   copy_row_pair_async(x_s, static_cast<const T*>(p.x) + row * p.x_ld, dy_s,
                       static_cast<const T*>(p.grad) + row * p.grad_ld, p.cols);
-  const Dropout drop = Dropout::make<kDropout>(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout, dropout_seed<kDropout>(p.dropout));
   // What both passes apply to dy: the kept elements' scale once the first pass has zeroed the
   // dropped ones (with dropout), else nothing.
   const auto dy_drop = [&] {
@@ -994,7 +1002,7 @@ layer_norm_bwd_columns_kernel(LayerNormBackwardParams p, int64_t rows_per_split)
   const int64_t col = (int64_t(blockIdx.x) * kColThreadsX + threadIdx.x) * kVec;
   const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
   const int64_t row_end = min(p.rows, row_begin + rows_per_split);
-  const Dropout drop = Dropout::make<kDropout>(p.dropout);
+  const Dropout drop = Dropout::make<kDropout>(p.dropout, dropout_seed<kDropout>(p.dropout));
   float acc_w[kVec], acc_b[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) acc_w[j] = acc_b[j] = 0.f;
