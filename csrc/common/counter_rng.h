@@ -90,12 +90,15 @@ CE_HOST_DEVICE void dropout_keep_run(CounterRng const& rng, uint64_t index, uint
     keep[0] = (rng.draw(index) << 16) >= cmp;
   } else {
     // The pairs share their high counter bits, so their mix inputs step by m from the first one's.
+    // An odd element compares the whole word: for t < 2**16 (cmp = t << 16), h >= cmp iff h's high
+    // half is >= t, so no mask is needed; t = 2**16 keeps nothing, a flag the compare ANDs in.
+    const bool some_kept = cmp <= 0xffff0000u;
     uint32_t input = rng.mix_input(index >> 1);
 #pragma unroll
     for (int j = 0; j < kN / 2; ++j, input += rng.m) {
       const uint32_t h = rng_mix32(input);
       keep[2 * j] = (h << 16) >= cmp;
-      keep[2 * j + 1] = (h & 0xffff0000u) >= cmp;
+      keep[2 * j + 1] = some_kept && h >= cmp;
     }
   }
 }
