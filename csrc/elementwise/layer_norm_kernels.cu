@@ -357,11 +357,27 @@ __device__ __forceinline__ float raw_at(RawVec<T, kVec> const& r, int j) {
   }
 }
 
-// Element j of a raw piece of x as the normalization sees it (relu'd when kRelu).
+// A raw piece of x as the normalization sees it: relu'd on the raw words when kRelu, NaN kept
+// (PTX max.NaN, sm_80 and later), two 16-bit elements in one instruction. A compare and a select per
+// element cost two; max(-0, +0) gives +0 where relu(-0) is -0, which is the same once the mean is
+// subtracted.
 template <bool kRelu, class T, int kVec>
-__device__ __forceinline__ float raw_input(RawVec<T, kVec> const& r, int j) {
-  const float v = raw_at<T, kVec>(r, j);
-  return kRelu ? act::relu(v) : v;
+__device__ __forceinline__ RawVec<T, kVec> raw_input(RawVec<T, kVec> r) {
+  if constexpr (kRelu) {
+#pragma unroll
+    for (int i = 0; i < RawVec<T, kVec>::kWords; ++i) {
+      if constexpr (sizeof(T) == 4) {
+        float v = __uint_as_float(r.w[i]);
+        asm("max.NaN.f32 %0, %1, %2;" : "=f"(v) : "f"(v), "f"(0.f));
+        r.w[i] = __float_as_uint(v);
+      } else if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
+        asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(0u));
+      } else {
+        asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r.w[i]) : "r"(r.w[i]), "r"(0u));
+      }
+    }
+  }
+  return r;
 }
 
 // Rows held in registers: kTpr threads per row, exact two-pass statistics over the registers,
@@ -410,8 +426,13 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_rows_kernel(LayerNorm
     bs[i] = bias != nullptr ? load_raw<T, kVec>(bias + c) : raw_fill<T, kVec>(0.f);
   }
   const uint64_t seed = dropout_seed<kDropout>(p.dropout);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) xs[r][i] = raw_input<kRelu>(xs[r][i]);
+  }
 
-  auto h_at = [&](int r, int i, int j) { return raw_input<kRelu>(xs[r][i], j); };
+  auto h_at = [&](int r, int i, int j) { return raw_at<T, kVec>(xs[r][i], j); };
   // This thread's sum of term(h) over the valid columns of row r (per vector, then masked).
   auto row_sum = [&](int r, auto term) {
     float total = 0.f;
@@ -535,14 +556,15 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   // has nothing to sum).
   wait_row_group(0);
   const int own_first = int(threadIdx.x) * kVec;
-  const float shift = own_first < part.n ? raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first), 0) : 0.f;
+  const float shift =
+      own_first < part.n ? raw_at<T, kVec>(raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first)), 0) : 0.f;
   float s1 = 0.f, s2 = 0.f;
   int count = 0;
   for_own_pieces_landing<T>(part.n, [&](int col) {
-    const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
+    const RawVec<T, kVec> r = raw_input<kRelu>(load_raw<T, kVec>(row_s + col));
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      const float d = raw_input<kRelu>(r, j) - shift;
+      const float d = raw_at<T, kVec>(r, j) - shift;
       s1 += d;
       s2 = fmaf(d, d, s2);
     }
@@ -578,7 +600,7 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   const uint64_t first_index = uint64_t(row) * uint64_t(cols) + uint64_t(part.begin);
   auto normalize = [&](auto has_weight, auto has_bias) {
     for_all_own_pieces<T>(part.n, [&](int col) {
-      const RawVec<T, kVec> r = load_raw<T, kVec>(row_s + col);
+      const RawVec<T, kVec> r = raw_input<kRelu>(load_raw<T, kVec>(row_s + col));
       RawVec<T, kVec> w, b;
       if constexpr (decltype(has_weight)::value) {
         w = load_raw<T, kVec>(weight + col);
@@ -593,7 +615,7 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
       float h[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        h[j] = fmaf((raw_input<kRelu>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
+        h[j] = fmaf((raw_at<T, kVec>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
       }
       if (drop.on) drop.apply<kVec>(h, first_index + uint64_t(col));
       store_vec<T, kVec>(y + col, h);
