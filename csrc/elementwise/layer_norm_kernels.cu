@@ -662,6 +662,16 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_long_kernel(LayerNorm
   }
 }
 
+// fn(relu, dropout) with the call's relu and dropout as std::bool_constant values: the forward
+// kernels take both at compile time.
+template <class Fn>
+auto with_relu_dropout(LayerNormParams const& p, Fn&& fn) {
+  using Yes = std::true_type;
+  using No = std::false_type;
+  const bool dropout = p.dropout.seed != nullptr;
+  return p.relu ? (dropout ? fn(Yes{}, Yes{}) : fn(Yes{}, No{})) : (dropout ? fn(No{}, Yes{}) : fn(No{}, No{}));
+}
+
 template <class T, int kVec>
 void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
   const int64_t nv = (p.cols + kVec - 1) / kVec;
@@ -670,14 +680,10 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     constexpr int kRows = Cfg::kRows;
     constexpr int64_t kRowsPerBlock = int64_t(Cfg::kRowsPerBlock) * kRows;
     const unsigned blocks = unsigned((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    auto of = [&](auto relu, auto dropout) {
+    auto kernel = with_relu_dropout(p, [](auto relu, auto dropout) {
       return layer_norm_fwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, decltype(relu)::value,
                                         decltype(dropout)::value, kRows>;
-    };
-    using Yes = std::true_type;
-    using No = std::false_type;
-    auto kernel = p.dropout.seed != nullptr ? (p.relu ? of(Yes{}, Yes{}) : of(No{}, Yes{}))
-                                            : (p.relu ? of(Yes{}, No{}) : of(No{}, No{}));
+    });
     kernel<<<blocks, Cfg::kThreads, 0, stream>>>(p);
   });
   if (in_registers) return;
@@ -701,11 +707,9 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
       };
       using Narrow = std::integral_constant<int, kSharedNarrowThreads>;
       using Wide = std::integral_constant<int, kLongThreads>;
-      auto pick = [&](auto dropout) {
-        return narrow ? (p.relu ? of(Narrow{}, std::true_type{}, dropout) : of(Narrow{}, std::false_type{}, dropout))
-                      : (p.relu ? of(Wide{}, std::true_type{}, dropout) : of(Wide{}, std::false_type{}, dropout));
-      };
-      auto kernel = p.dropout.seed != nullptr ? pick(std::true_type{}) : pick(std::false_type{});
+      auto kernel = with_relu_dropout(p, [&](auto relu, auto dropout) {
+        return narrow ? of(Narrow{}, relu, dropout) : of(Wide{}, relu, dropout);
+      });
       const int threads = narrow ? kSharedNarrowThreads : kLongThreads;
       const size_t bytes = size_t(slice) * sizeof(T);
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) return false;
