@@ -167,6 +167,11 @@ struct Dropout {
       return Dropout{CounterRng(0), 0, 1.f, false};
     }
   }
+  // The same reading the seed here, where nothing else is loaded before the mask is first drawn.
+  template <bool kOn>
+  static __device__ __forceinline__ Dropout make(DropoutParams const& d) {
+    return make<kOn>(d, dropout_seed<kOn>(d));
+  }
 
   // `index` is a multiple of kVec: the vector paths take rows of a multiple of kVec columns and
   // pieces at multiples of kVec (dropout_keep_run's precondition).
@@ -971,7 +976,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_long_kernel(LayerNorm
   const float mean = p.mean[row], rstd = p.rstd[row];
   const T* x = static_cast<const T*>(p.x) + row * p.x_ld;
   const T* dy = static_cast<const T*>(p.grad) + row * p.grad_ld;
-  const Dropout drop = Dropout::make<kDropout>(p.dropout, dropout_seed<kDropout>(p.dropout));
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   float sum_dxhat = 0.f, sum_dxhat_xhat = 0.f;
   for (int64_t col = int64_t(threadIdx.x) * kVec; col < cols; col += int64_t(kThreads) * kVec) {
     add_dx_sums<T, kVec>(p, drop, row, col, x + col, dy + col, mean, rstd, sum_dxhat, sum_dxhat_xhat);
@@ -998,7 +1003,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_bwd_shared_kernel(LayerNo
   const float mean = p.mean[row], rstd = p.rstd[row];
   copy_row_pair_async(x_s, static_cast<const T*>(p.x) + row * p.x_ld, dy_s,
                       static_cast<const T*>(p.grad) + row * p.grad_ld, p.cols);
-  const Dropout drop = Dropout::make<kDropout>(p.dropout, dropout_seed<kDropout>(p.dropout));
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   // What both passes apply to dy: the kept elements' scale once the first pass has zeroed the
   // dropped ones (with dropout), else nothing.
   const auto dy_drop = [&] {
@@ -1028,7 +1033,7 @@ layer_norm_bwd_columns_kernel(LayerNormBackwardParams p, int64_t rows_per_split)
   const int64_t col = (int64_t(blockIdx.x) * kColThreadsX + threadIdx.x) * kVec;
   const int64_t row_begin = int64_t(blockIdx.y) * rows_per_split;
   const int64_t row_end = min(p.rows, row_begin + rows_per_split);
-  const Dropout drop = Dropout::make<kDropout>(p.dropout, dropout_seed<kDropout>(p.dropout));
+  const Dropout drop = Dropout::make<kDropout>(p.dropout);
   float acc_w[kVec], acc_b[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) acc_w[j] = acc_b[j] = 0.f;
