@@ -26,7 +26,8 @@
 // cutlass_ext/ops/_rng.py is the bit-exact Python twin; a test compares the two.
 //
 // Kernels compare in the high half of a word: draw(i) >= t iff (draw(i) << 16) >= compare_threshold(t),
-// where the high-half value of an odd element is bits & 0xffff0000 and of an even one bits << 16.
+// where the high-half value of an even element is bits << 16; an odd element compares the whole
+// word bits (its low half cannot lift it past t << 16), with t = 2**16 handled apart (dropout_keep_run).
 #pragma once
 
 #include <cmath>
