@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
+import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Floors for the relative error (||out - ref|| / ||ref||) by dtype name. The bound used is
 # max(FACTOR * torch's own error in the same dtype, floor).
@@ -105,3 +111,16 @@ def aux_cooperative(m: int, k: int, n: int, sms: int) -> bool:
     n_padded, k_padded = math.ceil(n / 8) * 8, math.ceil(k / 8) * 8
     tiles = math.ceil(m / 128) * math.ceil(n_padded / 128)
     return m > 256 and k_padded <= 1024 and n_padded >= 256 and 2 * tiles >= sms
+
+
+def compile_host_program(out_dir: Path, name: str, sources: list[Path], include_dirs: list[Path]) -> Path:
+    """Builds a torch-free driver of csrc/ code (tests/cpp) with the host C++ compiler, csrc/ on
+    the include path; skips the test where there is no compiler."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    exe = out_dir / name
+    includes = [f"-I{d}" for d in [ROOT / "csrc", *include_dirs]]
+    subprocess.run([cxx, "-std=c++17", "-O1", *includes, *map(str, sources), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return exe

@@ -6,27 +6,20 @@ one-element form, at keep thresholds from 0 to 2**16 and counters on both sides 
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from cutlass_ext.ops import _rng
 
-ROOT = Path(__file__).resolve().parent.parent
+from .helpers import ROOT, compile_host_program
 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    exe = tmp_path_factory.mktemp("rng") / "rng_driver"
-    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}", str(ROOT / "tests" / "cpp" / "rng_driver.cpp"),
-                    "-o", str(exe)], check=True, capture_output=True, text=True)
-    return exe
+    return compile_host_program(tmp_path_factory.mktemp("rng"), "rng_driver",
+                                [ROOT / "tests" / "cpp" / "rng_driver.cpp"], [])
 
 
 def test_keep_flags_match_twin(driver):

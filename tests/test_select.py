@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
-from .helpers import aux_cooperative, narrow_n_tile
+from .helpers import aux_cooperative, compile_host_program, narrow_n_tile
 
 ROOT = Path(__file__).resolve().parent.parent
 SMS = 132  # an H100 SXM / H200
@@ -28,19 +27,13 @@ TRANSPOSED = {16: "t64x16k128_pp", 32: "t64x32k128_pp", 64: "t64x64_pp", 128: "t
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
     try:
         cuda_include = _build.find_cuda_home() / "include"
     except _build.BuildError as exc:
         pytest.skip(f"no CUDA toolkit headers: {exc}")
-    exe = tmp_path_factory.mktemp("select") / "select_driver"
-    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}", f"-I{cuda_include}",
-                    str(ROOT / "tests" / "cpp" / "select_driver.cpp"),
-                    str(ROOT / "csrc" / "bindings" / "gemm_select.cpp"), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
-    return exe
+    return compile_host_program(tmp_path_factory.mktemp("select"), "select_driver",
+                                [ROOT / "tests" / "cpp" / "select_driver.cpp",
+                                 ROOT / "csrc" / "bindings" / "gemm_select.cpp"], [cuda_include])
 
 
 def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str = "k",
