@@ -1,8 +1,9 @@
-// torch's CUDA generator for kernels that draw their dropout seed from it. The state is reserved
-// on the host as torch's own random kernels reserve theirs (CUDAGeneratorImpl::philox_cuda_state):
+// torch's CUDA generator for ops that draw their dropout seed from it. The state is reserved on
+// the host as torch's own random kernels reserve theirs (CUDAGeneratorImpl::philox_cuda_state):
 // outside a CUDA graph it is the generator's seed and offset by value; during capture it points at
-// the seed and offset that each replay refills, so every replay draws a new seed. The kernel reads
-// it (generator_dropout_seed in common/counter_rng.h): no extra kernel and no host synchronization.
+// the seed and offset that each replay refills. write_generator_seed (elementwise/dropout_kernels.h),
+// a one-thread kernel, turns it into the call's seed in device memory, where the op's kernels read
+// it as they read a given seed: every graph replay writes a new one, and nothing waits on the host.
 //
 // CUTLASS_EXT_TORCH_CUDA (set by cutlass_ext/_build.py when torch has CUDA) links torch's CUDA
 // library; without it (a build against a CPU torch, which has no CUDA tensors to call this with)
@@ -19,20 +20,9 @@
 #endif
 
 #include "bindings/common.h"
-#include "common/counter_rng.h"
+#include "elementwise/dropout_kernels.h"
 
 namespace cutlass_ext {
-
-// torch's CUDA generator state for one call (torch's PhiloxCudaState): seed and offset as values,
-// or, while a CUDA graph is captured, pointers that each replay refills plus the call's offset
-// within the graph.
-struct GeneratorState {
-  uint64_t seed = 0, offset = 0;
-  const int64_t* seed_ptr = nullptr;
-  const int64_t* offset_ptr = nullptr;
-  uint64_t offset_in_graph = 0;
-  bool captured = false;
-};
 
 // Philox offsets one call reserves: the least the generator accepts. The kernels use only the
 // offset's value (as part of their seed), never Philox itself.
@@ -64,6 +54,14 @@ inline GeneratorState reserve_generator_state(const at::Device& device, const ch
            "seed from torch's CUDA generator; rebuild it against a CUDA torch");
   return {};
 #endif
+}
+
+// Writes the seed of a call with dropout, drawn from torch's CUDA generator, to `out` ([1] int64
+// on a CUDA device), on the current stream.
+inline void draw_generator_seed(const at::Tensor& out, const char* op) {
+  const GeneratorState g = reserve_generator_state(out.device(), op);
+  check_launch(write_generator_seed(g, out.data_ptr<int64_t>(), current_stream(out.device())), op,
+               "write_generator_seed");
 }
 
 }  // namespace cutlass_ext

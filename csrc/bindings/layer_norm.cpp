@@ -2,7 +2,7 @@
 // cutlass_ext/ops/layer_norm.py): checks tensors, views [..., C] inputs as [rows, C] without a copy
 // where the strides allow, allocates outputs and workspace from the torch allocator and launches the
 // kernels of elementwise/layer_norm_kernels.h on the current stream. The dropout seed stays in
-// device memory, or is derived by the forward kernel from torch's CUDA generator (no host
+// device memory: a given one, or one a one-thread kernel draws from torch's CUDA generator (no host
 // synchronization either way).
 #include <torch/extension.h>
 
@@ -54,7 +54,7 @@ at::Tensor affine_param(const c10::optional<at::Tensor>& t, const at::Tensor& x,
   return t->contiguous();
 }
 
-// The backward's dropout: the seed is the forward's seed output.
+// Dropout as the kernels take it: the seed ([1] int64 on x's device) is read there.
 DropoutParams dropout_params(double p, const c10::optional<at::Tensor>& seed, const at::Tensor& x, const char* op) {
   CE_CHECK(p >= 0.0 && p <= 1.0, op, ": dropout_p must be in [0, 1], got ", p);
   DropoutParams d;
@@ -63,38 +63,27 @@ DropoutParams dropout_params(double p, const c10::optional<at::Tensor>& seed, co
   CE_CHECK(seed->scalar_type() == at::kLong && seed->numel() >= 1 && seed->device() == x.device(), op,
            ": seed must be an int64 tensor with one element on x's device");
   CE_CHECK(seed->is_contiguous(), op, ": seed must be contiguous");
-  d.seed_ptr = seed->data_ptr<int64_t>();
+  d.seed = seed->data_ptr<int64_t>();
   d.keep_threshold = dropout_keep_threshold(p);
   d.keep_scale = dropout_keep_scale(p);
   return d;
 }
 
-// The forward's dropout: the given seed, or one drawn from torch's CUDA generator when none is
-// given; either way the kernel writes the seed it used to `seed_out` ([1] int64; [0] without
-// dropout), which the backward takes.
+// The forward's dropout: its seed goes to `seed_out` ([1] int64; [0] without dropout), which the
+// forward returns and the backward takes: a copy of the given seed, or one drawn from torch's CUDA
+// generator when none is given. The kernels read it there.
 DropoutParams forward_dropout_params(double p, const c10::optional<at::Tensor>& seed, const at::Tensor& x,
                                      const char* op, at::Tensor& seed_out) {
   CE_CHECK(p >= 0.0 && p <= 1.0, op, ": dropout_p must be in [0, 1], got ", p);
   seed_out = at::empty({p > 0.0 ? 1 : 0}, x.options().dtype(at::kLong));
   if (p == 0.0) return DropoutParams{};
-  DropoutParams d;
   if (seed.has_value() && seed->defined()) {
-    d = dropout_params(p, seed, x, op);
+    dropout_params(p, seed, x, op);  // checks the given seed
+    seed_out.copy_(seed->reshape({-1}).slice(0, 0, 1));
   } else {
-    const GeneratorState g = reserve_generator_state(x.device(), op);
-    if (g.captured) {
-      d.seed_ptr = g.seed_ptr;
-      d.offset_ptr = g.offset_ptr;
-      d.offset_add = g.offset_in_graph;
-    } else {
-      d.seed_value = g.seed;
-      d.offset_add = g.offset;
-    }
-    d.keep_threshold = dropout_keep_threshold(p);
-    d.keep_scale = dropout_keep_scale(p);
+    draw_generator_seed(seed_out, op);
   }
-  d.seed_out = seed_out.data_ptr<int64_t>();
-  return d;
+  return dropout_params(p, seed_out, x, op);
 }
 
 const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -118,10 +107,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const
   at::Tensor y = new_output(x.sizes(), x.options());
   at::Tensor mean = new_output({rows}, x.options().dtype(at::kFloat));
   at::Tensor rstd = new_output({rows}, x.options().dtype(at::kFloat));
-  if (rows == 0) {
-    seed_out.zero_();  // no kernel runs to write it; an empty x has no mask to regenerate
-    return {y, mean, rstd, seed_out};
-  }
+  if (rows == 0) return {y, mean, rstd, seed_out};
 
   const RowMatrix xr = as_rows(x);
   LayerNormParams p;

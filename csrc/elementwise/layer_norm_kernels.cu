@@ -139,30 +139,15 @@ __device__ __forceinline__ void load_affine(const void* weight, const void* bias
   }
 }
 
-// Where DropoutParams has no pointer, the kernels load this zero instead: two loads without a
-// condition. (A conditional second load held 15 more registers through the 4096-column rows kernel,
-// 80 -> 95, and so did writing seed_out behind a branch.)
-__device__ const int64_t kNoSeedLoad = 0;
-
-// The dropout seed (DropoutParams), read where a kernel starts so that the loads' round trip
-// overlaps the row's loads instead of following the statistics; 0 with dropout off.
+// The dropout seed (one int64 in device memory), read where a kernel starts so that the load's
+// round trip overlaps the row's loads instead of following the statistics; 0 with dropout off.
 template <bool kOn>
 __device__ __forceinline__ uint64_t dropout_seed(DropoutParams const& d) {
   if constexpr (kOn) {
-    const uint64_t seed = uint64_t(__ldg(d.seed_ptr != nullptr ? d.seed_ptr : &kNoSeedLoad)) ^ d.seed_value;
-    const uint64_t offset = uint64_t(__ldg(d.offset_ptr != nullptr ? d.offset_ptr : &kNoSeedLoad)) + d.offset_add;
-    return generator_dropout_seed(seed, offset);
+    return uint64_t(__ldg(d.seed));
   } else {
     return 0;
   }
-}
-
-// The grid's first thread writes `seed` to `out` (when set): a predicated store, not a branch.
-__device__ __forceinline__ void store_seed_if_first(int64_t* out, uint64_t seed) {
-  const unsigned first = out != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n @p st.global.u64 [%0], %1;\n}" ::"l"(out), "l"(seed), "r"(first)
-      : "memory");
 }
 
 // Dropout of kVec adjacent elements numbered index, index + 1, ... (in place). On or off at
@@ -174,11 +159,9 @@ struct Dropout {
   bool on;
 
   // `seed` from dropout_seed<kOn>: the keys are derived here, after the loads that hide its fetch.
-  // A forward kernel's first thread writes the seed to seed_out here, for the backward.
   template <bool kOn>
   static __device__ __forceinline__ Dropout make(DropoutParams const& d, uint64_t seed) {
     if constexpr (kOn) {
-      store_seed_if_first(d.seed_out, seed);
       return Dropout{CounterRng(seed), dropout_compare_threshold(d.keep_threshold), d.keep_scale, true};
     } else {
       return Dropout{CounterRng(0), 0, 1.f, false};
@@ -690,7 +673,7 @@ template <class Fn>
 auto with_relu_dropout(LayerNormParams const& p, Fn&& fn) {
   using Yes = std::true_type;
   using No = std::false_type;
-  const bool dropout = p.dropout.on();
+  const bool dropout = p.dropout.seed != nullptr;
   return p.relu ? (dropout ? fn(Yes{}, Yes{}) : fn(Yes{}, No{})) : (dropout ? fn(No{}, Yes{}) : fn(No{}, No{}));
 }
 
@@ -747,8 +730,8 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     if (ranks > 1 && launch_shared(std::true_type{}, ranks)) return;
     if (rows_that_fit >= 1 && launch_shared(std::false_type{}, 1)) return;
   }
-  auto kernel = p.dropout.on() ? layer_norm_fwd_long_kernel<T, kVec, kLongThreads, true>
-                               : layer_norm_fwd_long_kernel<T, kVec, kLongThreads, false>;
+  auto kernel = p.dropout.seed != nullptr ? layer_norm_fwd_long_kernel<T, kVec, kLongThreads, true>
+                                          : layer_norm_fwd_long_kernel<T, kVec, kLongThreads, false>;
   kernel<<<unsigned(p.rows), kLongThreads, 0, stream>>>(p);
 }
 
@@ -1140,7 +1123,7 @@ BackwardPlan plan_backward(LayerNormBackwardParams const& p) {
 // dx of rows too long for registers: through shared memory where x and dy fit there together.
 template <class T, int kVec>
 void launch_backward_dx_long(LayerNormBackwardParams const& p, cudaStream_t stream) {
-  const bool dropout = p.dropout.on();
+  const bool dropout = p.dropout.seed != nullptr;
   if constexpr (kVec == vec_width<T>()) {
     int device = 0;
     if (shared_rows_that_fit<T>(2 * p.cols, &device) >= 1) {
@@ -1165,8 +1148,8 @@ void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& p
     using Cfg = decltype(cfg);
     auto pick = [&](auto relu) {
       constexpr bool kRelu = decltype(relu)::value;
-      return p.dropout.on() ? layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, kRelu, true>
-                            : layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, kRelu, false>;
+      return p.dropout.seed != nullptr ? layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, kRelu, true>
+                                       : layer_norm_bwd_rows_kernel<T, kVec, Cfg::kVecs, Cfg::kTpr, Cfg::kThreads, kRelu, false>;
     };
     auto kernel = p.relu ? pick(std::true_type{}) : pick(std::false_type{});
     kernel<<<unsigned(plan.blocks), Cfg::kThreads, 0, stream>>>(p);
@@ -1177,8 +1160,8 @@ void launch_backward_vec(LayerNormBackwardParams const& p, BackwardPlan const& p
     if (need_columns) {
       const int64_t rows_per_split = (p.rows + plan.splits - 1) / plan.splits;
       const dim3 grid(unsigned(plan.col_blocks), unsigned(plan.splits));
-      auto kernel = p.dropout.on() ? layer_norm_bwd_columns_kernel<T, kVec, true>
-                                   : layer_norm_bwd_columns_kernel<T, kVec, false>;
+      auto kernel = p.dropout.seed != nullptr ? layer_norm_bwd_columns_kernel<T, kVec, true>
+                                              : layer_norm_bwd_columns_kernel<T, kVec, false>;
       kernel<<<grid, dim3(kColThreadsX, kColThreadsY), 0, stream>>>(p, rows_per_split);
     }
     parts = plan.splits;

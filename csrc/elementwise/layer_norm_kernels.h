@@ -17,25 +17,15 @@
 
 #include <cuda_runtime_api.h>
 
-#include "common/counter_rng.h"
 #include "common/types.h"
 
 namespace cutlass_ext {
 
-// Dropout as the kernels see it: active when keep_threshold > 0 (p > 0). The seed is
-//   generator_dropout_seed(seed_ptr ? *seed_ptr : seed_value, (offset_ptr ? *offset_ptr : 0) + offset_add)
-// which covers a given seed (seed_ptr to it, offset 0), torch's generator outside a CUDA graph
-// (values) and during capture (pointers that each replay refills, offset_add the call's offset in
-// the graph). A forward kernel writes the seed it used to `seed_out` (when set) for the backward.
+// Dropout as the kernels see it: active when `seed` (one int64 in device memory) is not null.
 struct DropoutParams {
-  const int64_t* seed_ptr = nullptr;
-  const int64_t* offset_ptr = nullptr;
-  uint64_t seed_value = 0, offset_add = 0;
-  int64_t* seed_out = nullptr;
+  const int64_t* seed = nullptr;
   uint32_t keep_threshold = 0;  // dropout_keep_threshold(p): 0 .. 2**16
   float keep_scale = 1.f;       // dropout_keep_scale(p)
-
-  bool on() const { return keep_threshold != 0; }
 };
 
 struct LayerNormParams {
