@@ -20,7 +20,7 @@ template <int kVecs, int kTpr, int kThreads, int kRows, bool kRelu>
 void launch_rows(LayerNormParams const& p) {
   constexpr int64_t per_block = kThreads / kTpr * kRows;
   const unsigned blocks = unsigned((p.rows + per_block - 1) / per_block);
-  layer_norm_fwd_rows_kernel<T, kVec, kVecs, kTpr, kThreads, kRelu, kRows><<<blocks, kThreads>>>(p);
+  layer_norm_fwd_rows_kernel<T, kVec, kVecs, kTpr, kThreads, kRelu, /*kDropout=*/false, kRows><<<blocks, kThreads>>>(p);
 }
 
 struct Config {
