@@ -244,9 +244,6 @@ class BuildConfig:
     # Test builds (CUTLASS_EXT_CPU_AUTOGRAD=1): the C++ autograd nodes also serve CPU tensors, so
     # that a machine without a GPU can run them against the reference kernels.
     cpu_autograd: bool = False
-    # torch was built with CUDA: the bindings link torch's CUDA library, whose generator the dropout
-    # kernels draw their seeds from (csrc/bindings/generator.h). A CPU torch has neither.
-    torch_cuda: bool = False
 
     @classmethod
     def from_environment(cls, device_capability: tuple[int, int] | None = None) -> "BuildConfig":
@@ -270,7 +267,6 @@ class BuildConfig:
             cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
             python_include=sysconfig.get_paths()["include"],
             cpu_autograd=os.environ.get("CUTLASS_EXT_CPU_AUTOGRAD", "") == "1",
-            torch_cuda=torch.version.cuda is not None,
         )
 
     def nvcc_flags(self) -> list[str]:
@@ -295,8 +291,6 @@ class BuildConfig:
             flags.append("-g")
         if self.cpu_autograd:
             flags.append("-DCUTLASS_EXT_AUTOGRAD_ON_CPU")
-        if self.torch_cuda:
-            flags.append("-DCUTLASS_EXT_TORCH_CUDA")
         return flags
 
     def ldflags(self) -> list[str]:
@@ -305,8 +299,6 @@ class BuildConfig:
             flags += [f"-L{d}", f"-Wl,-rpath,{d}"]
         cuda_lib = self.cuda_home / "lib64"
         flags += [f"-L{cuda_lib}", f"-Wl,-rpath,{cuda_lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-lcudart"]
-        if self.torch_cuda:
-            flags.append("-ltorch_cuda")
         return flags
 
     def key(self) -> str:

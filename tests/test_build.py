@@ -148,16 +148,6 @@ def test_cache_key_tracks_what_changes_the_binary():
     assert "-lineinfo" in _config(debug=True).nvcc_flags() and "-DNDEBUG" in _config(debug=True).nvcc_flags()
 
 
-def test_cuda_torch_links_its_generator():
-    """Against a CUDA torch the bindings link torch's CUDA library (the dropout kernels reserve
-    their seeds from its generator); a CPU torch has no such library, so the flag and the link
-    are left out and the build still loads."""
-    cuda, cpu = _config(torch_cuda=True), _config()
-    assert "-DCUTLASS_EXT_TORCH_CUDA" in cuda.cxx_flags() and "-ltorch_cuda" in cuda.ldflags()
-    assert "-DCUTLASS_EXT_TORCH_CUDA" not in cpu.cxx_flags() and "-ltorch_cuda" not in cpu.ldflags()
-    assert cuda.key() != cpu.key()
-
-
 def test_build_tree(tmp_path):
     config = _config(kernels=tuple(_kernel_table.select_kernels("sm90_bf16_kk,sm80_bf16_kk,simt_f32_kk,lowk_bf16")))
     library = _build.write_build_tree(config, tmp_path)

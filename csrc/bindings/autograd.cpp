@@ -36,7 +36,6 @@ using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 using OptTensor = c10::optional<at::Tensor>;
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // The typed dispatcher handle of an op.
 template <class Signature>
@@ -163,7 +162,7 @@ at::Tensor softmax_autograd(const at::Tensor& x, int64_t dim, double scale) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// layer_norm: mean, rstd and the dropout seed are outputs without a gradient.
+// layer_norm: mean and rstd are outputs without a gradient.
 
 struct LayerNormBackward final : Node {
   SavedVariable x, weight, mean, rstd, seed;
@@ -192,14 +191,14 @@ struct LayerNormBackward final : Node {
   std::string name() const override { return "cutlass_ext::LayerNormBackward"; }
 };
 
-Tensor4 layer_norm_autograd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps, bool relu,
+Tensor3 layer_norm_autograd(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps, bool relu,
                             double dropout_p, const OptTensor& seed) {
-  static const auto op = op_handle<Tensor4(const at::Tensor&, const OptTensor&, const OptTensor&, double, bool,
+  static const auto op = op_handle<Tensor3(const at::Tensor&, const OptTensor&, const OptTensor&, double, bool,
                                            double, const OptTensor&)>("cutlass_ext::layer_norm");
-  at::Tensor y, mean, rstd, seed_used;
+  at::Tensor y, mean, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    std::tie(y, mean, rstd, seed_used) = op.call(x, weight, bias, eps, relu, dropout_p, seed);
+    std::tie(y, mean, rstd) = op.call(x, weight, bias, eps, relu, dropout_p, seed);
   }
   if (NodePtr node = make_node<LayerNormBackward>(x, tensor_or_undefined(weight), tensor_or_undefined(bias))) {
     auto& n = static_cast<LayerNormBackward&>(*node);
@@ -207,12 +206,12 @@ Tensor4 layer_norm_autograd(const at::Tensor& x, const OptTensor& weight, const 
     n.weight = save(tensor_or_undefined(weight));  // the bias is not needed
     n.mean = save(mean);
     n.rstd = save(rstd);
-    n.seed = save(dropout_p > 0.0 ? seed_used : at::Tensor());  // the seed the forward used
+    n.seed = save(tensor_or_undefined(seed));
     n.relu = relu;
     n.dropout_p = dropout_p;
     torch::autograd::set_history(y, node);
   }
-  return {y, mean, rstd, seed_used};
+  return {y, mean, rstd};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,8 +2,7 @@
 // cutlass_ext/ops/layer_norm.py): checks tensors, views [..., C] inputs as [rows, C] without a copy
 // where the strides allow, allocates outputs and workspace from the torch allocator and launches the
 // kernels of elementwise/layer_norm_kernels.h on the current stream. The dropout seed stays in
-// device memory: a given one, or one a one-thread kernel draws from torch's CUDA generator (no host
-// synchronization either way).
+// device memory (no host synchronization).
 #include <torch/extension.h>
 
 #include <c10/core/DeviceGuard.h>
@@ -11,7 +10,6 @@
 #include <tuple>
 
 #include "bindings/common.h"
-#include "bindings/generator.h"
 #include "common/counter_rng.h"
 #include "elementwise/layer_norm_kernels.h"
 
@@ -54,7 +52,6 @@ at::Tensor affine_param(const c10::optional<at::Tensor>& t, const at::Tensor& x,
   return t->contiguous();
 }
 
-// Dropout as the kernels take it: the seed ([1] int64 on x's device) is read there.
 DropoutParams dropout_params(double p, const c10::optional<at::Tensor>& seed, const at::Tensor& x, const char* op) {
   CE_CHECK(p >= 0.0 && p <= 1.0, op, ": dropout_p must be in [0, 1], got ", p);
   DropoutParams d;
@@ -69,30 +66,13 @@ DropoutParams dropout_params(double p, const c10::optional<at::Tensor>& seed, co
   return d;
 }
 
-// The forward's dropout: its seed goes to `seed_out` ([1] int64; [0] without dropout), which the
-// forward returns and the backward takes: a copy of the given seed, or one drawn from torch's CUDA
-// generator when none is given. The kernels read it there.
-DropoutParams forward_dropout_params(double p, const c10::optional<at::Tensor>& seed, const at::Tensor& x,
-                                     const char* op, at::Tensor& seed_out) {
-  CE_CHECK(p >= 0.0 && p <= 1.0, op, ": dropout_p must be in [0, 1], got ", p);
-  seed_out = at::empty({p > 0.0 ? 1 : 0}, x.options().dtype(at::kLong));
-  if (p == 0.0) return DropoutParams{};
-  if (seed.has_value() && seed->defined()) {
-    dropout_params(p, seed, x, op);  // checks the given seed
-    seed_out.copy_(seed->reshape({-1}).slice(0, 0, 1));
-  } else {
-    draw_generator_seed(seed_out, op);
-  }
-  return dropout_params(p, seed_out, x, op);
-}
-
 const void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x,
-                                                                           const c10::optional<at::Tensor>& weight,
-                                                                           const c10::optional<at::Tensor>& bias,
-                                                                           double eps, bool relu, double dropout_p,
-                                                                           const c10::optional<at::Tensor>& seed) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const at::Tensor& x,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const c10::optional<at::Tensor>& bias, double eps,
+                                                               bool relu, double dropout_p,
+                                                               const c10::optional<at::Tensor>& seed) {
   const char* op = "layer_norm";
   CE_CHECK(x.is_cuda() && x.dim() >= 1, op, ": x must be a CUDA tensor of shape [..., C]");
   const DType dt = dtype_of(x, op, "x");
@@ -101,13 +81,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const
   const c10::DeviceGuard guard(x.device());
   const at::Tensor w = affine_param(weight, x, op, "weight");
   const at::Tensor b = affine_param(bias, x, op, "bias");
-  at::Tensor seed_out;
-  const DropoutParams drop = forward_dropout_params(dropout_p, seed, x, op, seed_out);
+  const DropoutParams drop = dropout_params(dropout_p, seed, x, op);
   const int64_t rows = x.numel() / cols;
   at::Tensor y = new_output(x.sizes(), x.options());
   at::Tensor mean = new_output({rows}, x.options().dtype(at::kFloat));
   at::Tensor rstd = new_output({rows}, x.options().dtype(at::kFloat));
-  if (rows == 0) return {y, mean, rstd, seed_out};
+  if (rows == 0) return {y, mean, rstd};
 
   const RowMatrix xr = as_rows(x);
   LayerNormParams p;
@@ -126,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_cuda(const
   p.relu = relu;
   p.dropout = drop;
   check_launch(layer_norm_forward(p, current_stream(x.device())), op, "layer_norm_forward");
-  return {y, mean, rstd, seed_out};
+  return {y, mean, rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_cuda(

@@ -66,14 +66,6 @@ struct CounterRng {
   }
 };
 
-// The seed of one dropout call drawn from torch's CUDA generator: the generator's seed and the
-// Philox offset the call reserved (each call, and each CUDA-graph replay, reserves a new one). An
-// odd 64-bit multiplier spreads the offset, so one generator seed gives distinct offsets distinct
-// seeds. Twin: _rng.generator_seed.
-CE_HOST_DEVICE uint64_t generator_dropout_seed(uint64_t seed, uint64_t offset) {
-  return seed ^ (offset * 0x9e3779b97f4a7c15ull);
-}
-
 // ceil(p * 2**16) for p in [0, 1]: dropout keeps an element iff its draw is >= this.
 CE_HOST_DEVICE uint32_t dropout_keep_threshold(double p) {
   if (!(p > 0.0)) return 0;

@@ -57,21 +57,7 @@ struct DropoutFn {
   }
 };
 
-__global__ void __launch_bounds__(32) generator_seed_kernel(GeneratorState g, int64_t* out) {
-  if (threadIdx.x != 0) return;
-  const uint64_t seed = g.captured ? uint64_t(*g.seed_ptr) : g.seed;
-  const uint64_t offset = g.captured ? uint64_t(*g.offset_ptr) + g.offset_in_graph : g.offset;
-  *out = int64_t(generator_dropout_seed(seed, offset));
-}
-
 }  // namespace
-
-LaunchResult write_generator_seed(GeneratorState const& g, int64_t* out, cudaStream_t stream) {
-  generator_seed_kernel<<<1, 32, 0, stream>>>(g, out);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
-  return {};
-}
 
 LaunchResult dropout_forward(DropoutTensorParams const& p, cudaStream_t stream) {
   if (p.numel == 0) return {};

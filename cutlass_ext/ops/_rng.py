@@ -14,8 +14,7 @@ values stay in [0, 2**32) and every product has a factor below 2**31 (mix's mult
 The keep probability is 1 - ceil(p * 2**16) / 2**16, i.e. p rounded up to a multiple of 2**-16.
 
 The interface is generic (any op can key a mask by its own element numbering): ``bits``, ``draw``,
-``uniform``, ``keep_threshold`` and ``dropout_keep``. A call that draws its seed from torch's CUDA
-generator uses ``generator_seed(seed, offset)`` of the generator's seed and the Philox offset it reserved.
+``uniform``, ``keep_threshold`` and ``dropout_keep``.
 """
 
 from __future__ import annotations
@@ -85,13 +84,6 @@ def keep_scale(p: float) -> float:
 def dropout_keep(seed: torch.Tensor, index: torch.Tensor, p: float) -> torch.Tensor:
     """Boolean keep-mask of elements ``index`` for dropout probability ``p`` under ``seed``."""
     return draw(seed, index) >= keep_threshold(p)
-
-
-def generator_seed(seed: int, offset: int) -> int:
-    """The dropout seed a kernel derives from torch's CUDA generator state: ``seed`` xor ``offset``
-    times an odd 64-bit constant (mod 2**64), as the signed int64 the ops return."""
-    v = (seed ^ (offset * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
-    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 def row_major_index(rows: int, cols: int, device) -> torch.Tensor:

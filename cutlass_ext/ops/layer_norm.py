@@ -4,10 +4,7 @@ backward (dx, dweight, dbias in one call).
 Schemas, fake kernels, autograd and the CPU reference live here; the CUDA kernels come from the
 compiled extension (csrc/bindings/layer_norm.cpp). Dropout masks come from the counter-based RNG of
 csrc/common/counter_rng.h (Python twin: ``_rng``): element (r, c) of the [rows, C] view is kept iff
-its draw under the seed passes, so the backward regenerates the mask instead of storing it. The
-forward takes a seed, or, given None, draws one from torch's generator (the CUDA kernel derives it
-from the generator's Philox state, graph-safe, without a kernel of its own); it returns the seed it
-used, which the backward takes.
+its draw under ``seed`` passes, so the backward regenerates the mask instead of storing it.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ from ._runtime import compute_dtype, register_cuda_loader
 torch.library.define(
     "cutlass_ext::layer_norm",
     "(Tensor x, Tensor? weight, Tensor? bias, float eps, bool relu, float dropout_p, Tensor? seed) "
-    "-> (Tensor y, Tensor mean, Tensor rstd, Tensor seed_used)",
-    tags=(torch.Tag.nondeterministic_seeded,),
+    "-> (Tensor y, Tensor mean, Tensor rstd)",
 )
 torch.library.define(
     "cutlass_ext::_layer_norm_backward",
@@ -44,22 +40,10 @@ def _dropout(v, seed, p):
 
 
 # ------------------------------------------------------------------------------------------------
-# layer_norm: (y, mean, rstd, seed_used); mean and rstd are fp32 [rows], saved for the backward;
-# seed_used is the dropout seed ([1] int64; [0] without dropout).
-
-
-def _draw_seed(seed, x, dropout_p):
-    """The seed a call with dropout uses: a copy of the given one, or one drawn from the generator
-    of x's device; an empty tensor without dropout."""
-    if dropout_p <= 0:
-        return torch.empty(0, dtype=torch.int64, device=x.device)
-    if seed is not None:
-        return seed.reshape(-1)[:1].clone()
-    return torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64, device=x.device)
+# layer_norm: (y, mean, rstd); mean and rstd are fp32 [rows], saved for the backward.
 
 
 def _layer_norm_reference(x, weight, bias, eps, relu, dropout_p, seed):
-    seed = _draw_seed(seed, x, dropout_p)
     ct = compute_dtype(x.dtype)
     h = x.reshape(-1, x.shape[-1]).to(ct, memory_format=torch.contiguous_format)
     if relu:
@@ -73,15 +57,13 @@ def _layer_norm_reference(x, weight, bias, eps, relu, dropout_p, seed):
         y = y + bias.to(ct)
     if dropout_p > 0:
         y = _dropout(y, seed, dropout_p)
-    return (y.to(x.dtype).contiguous().reshape(x.shape), mean.reshape(-1).float(), rstd.reshape(-1).float(),
-            seed)
+    return y.to(x.dtype).contiguous().reshape(x.shape), mean.reshape(-1).float(), rstd.reshape(-1).float()
 
 
 @torch.library.register_fake("cutlass_ext::layer_norm")
 def _layer_norm_fake(x, weight, bias, eps, relu, dropout_p, seed):
     rows = _rows(x)
-    return (x.new_empty(x.shape), x.new_empty((rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32),
-            x.new_empty((1 if dropout_p > 0 else 0,), dtype=torch.int64))
+    return x.new_empty(x.shape), x.new_empty((rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32)
 
 
 @torch.library.impl("cutlass_ext::layer_norm", "cpu")
@@ -94,17 +76,17 @@ register_cuda_loader("layer_norm", _layer_norm_reference)
 
 # CUDA tensors, once the extension is loaded, use the C++ twin in csrc/bindings/autograd.cpp.
 def _layer_norm_setup_context(ctx, inputs, output):
-    x, weight, bias, eps, relu, dropout_p, _ = inputs
-    _, mean, rstd, seed_used = output
-    ctx.mark_non_differentiable(mean, rstd, seed_used)
-    ctx.set_materialize_grads(False)  # mean, rstd and the seed never have a gradient: don't build zeros for them
+    x, weight, bias, eps, relu, dropout_p, seed = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)  # mean and rstd never have a gradient: don't build zeros for them
     ctx.relu = relu
     ctx.dropout_p = dropout_p
     ctx.has_bias = bias is not None
-    ctx.save_for_backward(x, weight, mean, rstd, seed_used if dropout_p > 0 else None)
+    ctx.save_for_backward(x, weight, mean, rstd, seed)
 
 
-def _layer_norm_backward(ctx, grad_y, grad_mean, grad_rstd, grad_seed):
+def _layer_norm_backward(ctx, grad_y, grad_mean, grad_rstd):
     if grad_y is None:
         return None, None, None, None, None, None, None
     x, weight, mean, rstd, seed = ctx.saved_tensors
@@ -211,12 +193,15 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, relu=False, dropout_p=0.0
     x: ``[..., C]``, any strides; weight, bias: ``[C]`` in x's dtype, or None. dtypes float16,
     bfloat16, float32; statistics in fp32. ``relu`` applies ReLU before normalizing. Dropout (when
     ``training`` and ``dropout_p > 0``) zeroes each element with probability ``dropout_p`` and scales
-    the rest by ``1 / (1 - dropout_p)``; its seed is drawn from torch's generator (the CUDA kernel
-    derives it from the generator's state itself), so ``torch.manual_seed`` reproduces the mask and
-    every CUDA-graph replay draws a new one. Returns a
+    the rest by ``1 / (1 - dropout_p)``; its seed is drawn from torch's generator, so
+    ``torch.manual_seed`` reproduces the mask and every CUDA-graph replay draws a new one. Returns a
     contiguous ``[..., C]`` tensor in x's dtype. Differentiable in x, weight and bias.
     """
     dropout_p = float(dropout_p)
     check_layer_norm_args(x, weight, bias, eps, dropout_p)
     p = dropout_p if training else 0.0
-    return torch.ops.cutlass_ext.layer_norm(x, weight, bias, float(eps), bool(relu), p, None)[0]
+    seed = None
+    if p > 0:
+        seed = torch.randint(-(2**63), 2**63 - 1, (1,), dtype=torch.int64, device=x.device)
+    y, _, _ = torch.ops.cutlass_ext.layer_norm(x, weight, bias, float(eps), bool(relu), p, seed)
+    return y

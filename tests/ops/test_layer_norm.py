@@ -195,8 +195,7 @@ def test_cluster_rows_many_rows(dtype_name, rows, cols):
     assert_close_to_reference(out, ref_layer_norm(x, weight, bias, relu=True),
                               peer_layer_norm(x, weight, bias, relu=True), dtype_name)
     seed = torch.tensor([2024], dtype=torch.int64, device="cuda")
-    dropped, _, _, used = torch.ops.cutlass_ext.layer_norm(x, weight, bias, 1e-5, True, 0.25, seed)
-    assert torch.equal(used, seed)
+    dropped, _, _ = torch.ops.cutlass_ext.layer_norm(x, weight, bias, 1e-5, True, 0.25, seed)
     keep = keep_mask(seed, x.shape, 0.25)
     assert torch.equal(dropped != 0, keep & (out != 0))
     torch.testing.assert_close(dropped[keep], (out[keep].float() / 0.75).to(dtype), rtol=1e-2, atol=1e-2)
@@ -242,8 +241,7 @@ def test_layouts(device, dtype_name, layout):
 
 def test_saved_statistics(device):
     x = rand(33, 1000, device=device, dtype=torch.bfloat16, scale=3.0, offset=2.0)
-    y, mean, rstd, seed = torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, True, 0.0, None)
-    assert seed.shape == (0,) and seed.dtype == torch.int64  # no dropout, no seed
+    y, mean, rstd = torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, True, 0.0, None)
     h = torch.relu(x.double())
     assert mean.dtype == rstd.dtype == torch.float32 and mean.shape == rstd.shape == (33,)
     torch.testing.assert_close(mean.double(), h.mean(-1), rtol=1e-5, atol=1e-6)
@@ -330,7 +328,7 @@ def test_backward_is_deterministic():
     x = rand(8192, 512, device="cuda", dtype=torch.bfloat16)
     weight, bias = make_affine("both", 512, "cuda", torch.bfloat16)
     grad = rand(8192, 512, device="cuda", dtype=torch.bfloat16)
-    _, mean, rstd, _ = torch.ops.cutlass_ext.layer_norm(x, weight, bias, 1e-5, True, 0.0, None)
+    _, mean, rstd = torch.ops.cutlass_ext.layer_norm(x, weight, bias, 1e-5, True, 0.0, None)
     args = (grad, x, weight, mean, rstd, True, 0.0, None, True, True, True)
     first = torch.ops.cutlass_ext._layer_norm_backward(*args)
     second = torch.ops.cutlass_ext._layer_norm_backward(*args)
@@ -417,7 +415,7 @@ def test_dropout_mask_matches_twin(device, dtype, cols):
     x = rand(24, cols, device=device, dtype=dtype)
     seed = torch.tensor([987654321987], dtype=torch.int64, device=device)
     p = 0.3
-    y, _, _, _ = torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, False, p, seed)
+    y, _, _ = torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, False, p, seed)
     keep = keep_mask(seed, x.shape, p)
     # Dropped elements are exactly 0; a kept one matches the reference (which is far from 0 where
     # the two masks differ). A kept element may itself be 0: with 8 bf16 columns an element can
@@ -436,44 +434,6 @@ def test_dropout_reproducible_with_manual_seed(device):
     third = cutlass_ext.layer_norm(x, dropout_p=0.5)
     assert torch.equal(first, second)
     assert not torch.equal(first == 0, third == 0)
-
-
-# Without a seed, the op draws one from torch's generator: on CUDA the kernel derives it from the
-# generator's seed and the Philox offset the call reserved (no kernel of its own), on CPU the
-# reference draws it with randint. Either way it returns the seed it used and the mask is the
-# twin's under that seed; the backward regenerates the same mask from it.
-def test_dropout_seed_drawn_from_the_generator(device):
-    x = rand(40, 1000, device=device, dtype=torch.bfloat16)
-    grad_out = rand(40, 1000, device=device, dtype=torch.bfloat16)
-    torch.manual_seed(1234)
-    used = []
-    for _ in range(2):
-        xg = x.detach().requires_grad_()
-        y, _, _, seed = torch.ops.cutlass_ext.layer_norm(xg, None, None, 1e-5, True, 0.3, None)
-        assert seed.shape == (1,) and seed.dtype == torch.int64 and seed.device == x.device
-        keep = keep_mask(seed, x.shape, 0.3)
-        assert torch.equal(y != 0, keep & (ref_layer_norm(x, None, None, relu=True) != 0))
-        y.backward(grad_out)
-        xr = x.double().requires_grad_()
-        ref_layer_norm(xr, None, None, relu=True, keep=keep, p=0.3).backward(grad_out.double())
-        assert_close_to_reference(xg.grad, xr.grad, None, "bf16", what="dx")
-        used.append(seed.item())
-    assert used[0] != used[1]
-    if device == "cuda":
-        # manual_seed resets the Philox offset; each call reserves four offsets.
-        assert used == [_rng.generator_seed(1234, 0), _rng.generator_seed(1234, 4)]
-        # The generator advanced: the next torch draw is the one after a 4-offset reservation.
-        torch.manual_seed(1234)
-        gen = torch.cuda.default_generators[x.device.index or 0]
-        torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, False, 0.3, None)
-        assert gen.get_offset() == 4
-
-
-def test_rng_generator_seed_twin():
-    assert _rng.generator_seed(1234, 0) == 1234
-    # seed ^ (offset * 0x9e3779b97f4a7c15 mod 2**64), as a signed int64
-    assert _rng.generator_seed(0, 1) == 0x9E3779B97F4A7C15 - 2**64
-    assert len({_rng.generator_seed(7, 4 * k) for k in range(1000)}) == 1000
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -496,18 +456,18 @@ def test_dropout_edge_probabilities(device, monkeypatch):
     x = rand(16, 128, device=device, dtype=torch.float16)
     assert torch.equal(cutlass_ext.layer_norm(x, dropout_p=1.0), torch.zeros_like(x))
     plain = cutlass_ext.layer_norm(x)
-    probabilities = []
+    seeds = []
     real_op = torch.ops.cutlass_ext.layer_norm
 
     class Recorder:
         def __call__(self, *args):
-            probabilities.append(args[5])
+            seeds.append(args[-1])
             return real_op(*args)
 
     monkeypatch.setattr(torch.ops.cutlass_ext, "layer_norm", Recorder())
     assert torch.equal(cutlass_ext.layer_norm(x, dropout_p=0.5, training=False), plain)
     assert torch.equal(cutlass_ext.layer_norm(x, dropout_p=0.0), plain)
-    assert probabilities == [0.0, 0.0]
+    assert seeds == [None, None]
 
 
 # 16392 columns: x and dy in shared memory on CUDA (the first pass zeroes dy's dropped elements
@@ -562,7 +522,7 @@ def test_opcheck_layer_norm_backward(device, p):
     x, weight, _, seed = _opcheck_inputs(device)
     x, weight = x.detach(), weight.detach()
     s = seed if p > 0 else None
-    _, mean, rstd, _ = torch.ops.cutlass_ext.layer_norm(x, weight, None, 1e-5, True, p, s)
+    _, mean, rstd = torch.ops.cutlass_ext.layer_norm(x, weight, None, 1e-5, True, p, s)
     grad = rand(*x.shape, device=device, dtype=x.dtype)
     for needs in [(True, True, True), (True, False, False), (False, True, True), (False, False, True)]:
         w = weight if needs[1] else None
@@ -627,24 +587,6 @@ def test_cuda_graph_dropout_draws_a_new_mask_per_replay():
         masks.append(out == 0)
         assert abs(masks[-1].double().mean().item() - 0.5) < 0.02
     assert not torch.equal(masks[0], masks[1])
-
-
-# The captured kernel reads the generator state that each replay refills: every replay's seed is
-# new, and its mask is the twin's under the seed it returns.
-@requires_cuda
-def test_cuda_graph_dropout_seed_per_replay():
-    x = rand(64, 520, device="cuda", dtype=torch.bfloat16)
-    graph, (out, _, _, seed) = capture_cuda_graph(
-        lambda: torch.ops.cutlass_ext.layer_norm(x, None, None, 1e-5, False, 0.4, None))
-    plain = cutlass_ext.layer_norm(x)
-    seeds = []
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        keep = keep_mask(seed, x.shape, 0.4)
-        assert torch.equal(out != 0, keep & (plain != 0))
-        seeds.append(seed.item())
-    assert len(set(seeds)) == 3
 
 
 @requires_cuda
