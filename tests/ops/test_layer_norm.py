@@ -392,6 +392,31 @@ def test_rng_is_uniform_and_seed_dependent():
     assert abs(torch.corrcoef(torch.stack([u, high]))[0, 1].item()) < 0.02
 
 
+# A guard on the mix function itself, on 2**24 draws for each of four seeds: neighbouring draws
+# (64x64 tables of their top 6 bits at lags 1-3) and keep-masks (correlations at lags 1-8 and 512,
+# p = 0.1 and 0.5) show no structure beyond chance (|z| < 6; the current mix stays below 4). A
+# mix with its first xorshift removed, 1 instruction an element cheaper, fails the lag-2 table at
+# z = 10-60 for two of these seeds (bench/NOTES.md section 40).
+def test_rng_neighbouring_draws_show_no_structure():
+    index = torch.arange(1 << 24, dtype=torch.int64)
+    for seed in (12345, 0x123456789ABCDEF, 2**63 - 25, 987654321):
+        d = _rng.draw(torch.tensor([seed]), index)
+        for lag in (1, 2, 3):
+            cells = (d[:-lag] >> 10) * 64 + (d[lag:] >> 10)
+            counts = torch.bincount(cells, minlength=4096).double()
+            expected = cells.numel() / 4096
+            z = (((counts - expected) ** 2 / expected).sum().item() - 4095) / (2 * 4095) ** 0.5
+            assert abs(z) < 6, (seed, lag, z)
+        for p in (0.1, 0.5):
+            keep = (d >= _rng.keep_threshold(p)).double()
+            centred = keep - keep.mean()
+            var = keep.mean().item() * (1 - keep.mean().item())
+            for lag in (*range(1, 9), 512):
+                n = centred.numel() - lag
+                z = torch.dot(centred[:-lag], centred[lag:]).item() / (n * var) * n**0.5
+                assert abs(z) < 6, (seed, p, lag, z)
+
+
 def test_rng_counters_past_2_pow_32_repeat_as_documented():
     # counter_rng.h: counter (h + 1, lo) hashes as (h, lo + k1 / m mod 2**32). Checked so that the
     # documented limit stays true of the definition.
