@@ -1,10 +1,12 @@
 """Builds the kernel-level benchmarks of bench/kernels (README.md there) with nvcc, no torch needed:
 
-    python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|streaming|fewrows|column_sums] [--variants a,...]
+    python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|layer_norm_forward|streaming|fewrows|column_sums]
+                                  [--variants a,...]
 
 writes bench/kernels/build/gemm_variants (one translation unit per GEMM variant, compiled in
-parallel), bench/kernels/build/layer_norm_rows, bench/kernels/build/streaming_add,
-bench/kernels/build/fewrows_shapes and bench/kernels/build/column_sums, for sm_90a.
+parallel), bench/kernels/build/layer_norm_rows, bench/kernels/build/layer_norm_forward,
+bench/kernels/build/streaming_add, bench/kernels/build/fewrows_shapes and
+bench/kernels/build/column_sums, for sm_90a.
 CUTLASS and nvcc are found the way the package's own build finds them (CUTLASS_PATH, the
 nvidia-cutlass wheel; CUDA_HOME, PATH).
 """
@@ -125,6 +127,7 @@ def build_gemm(nvcc: list[str], out: Path, jobs: int, only: list[str] | None = N
 # The single-program harnesses: --only name -> (binary, the sources compiled into it).
 PROGRAMS = {
     "layer_norm": ("layer_norm_rows", [HERE / "layer_norm_rows.cu"]),
+    "layer_norm_forward": ("layer_norm_forward", [HERE / "layer_norm_forward.cu"]),
     "streaming": ("streaming_add", [HERE / "streaming_add.cu"]),
     "fewrows": ("fewrows_shapes", [HERE / "fewrows_shapes.cu"]),
     # The harness with the package's reduction kernels linked in.
