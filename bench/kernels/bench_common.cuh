@@ -83,6 +83,42 @@ class Timer {
   cudaEvent_t start_, stop_;
 };
 
+// The buffers of the layer_norm harnesses: bf16 x and y [rows, cols], weight and bias [cols]
+// (deterministic values in [-1.5, 2.5)), fp32 mean and rstd [rows]. set() points a LayerNormParams
+// at them (bf16, relu off, no dropout).
+struct LayerNormBuffers {
+  int rows, cols;
+  size_t n;
+  __nv_bfloat16 *x = nullptr, *y = nullptr, *w = nullptr, *b = nullptr;
+  float *mean = nullptr, *rstd = nullptr;
+
+  LayerNormBuffers(int rows_, int cols_) : rows(rows_), cols(cols_), n(size_t(rows_) * cols_) {
+    KB_CHECK_CUDA(cudaMalloc(&x, n * 2));
+    KB_CHECK_CUDA(cudaMalloc(&y, n * 2));
+    KB_CHECK_CUDA(cudaMalloc(&w, size_t(cols) * 2));
+    KB_CHECK_CUDA(cudaMalloc(&b, size_t(cols) * 2));
+    KB_CHECK_CUDA(cudaMalloc(&mean, size_t(rows) * 4));
+    KB_CHECK_CUDA(cudaMalloc(&rstd, size_t(rows) * 4));
+    fill_uniform<<<1024, 256>>>(x, n, 1, -1.5f, 2.5f);
+    fill_uniform<<<8, 256>>>(w, cols, 2, -1.5f, 2.5f);
+    fill_uniform<<<8, 256>>>(b, cols, 3, -1.5f, 2.5f);
+  }
+  ~LayerNormBuffers() {
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(w), static_cast<void*>(b),
+                    static_cast<void*>(mean), static_cast<void*>(rstd)}) {
+      KB_CHECK_CUDA(cudaFree(p));
+    }
+  }
+  LayerNormBuffers(const LayerNormBuffers&) = delete;
+  LayerNormBuffers& operator=(const LayerNormBuffers&) = delete;
+
+  template <class Params>
+  void set(Params& p) const {
+    p.rows = rows, p.cols = cols, p.x = x, p.x_ld = cols, p.weight = w, p.bias = b, p.y = y, p.y_ld = cols;
+    p.mean = mean, p.rstd = rstd;
+  }
+};
+
 // (median, min) of a list of times.
 inline std::pair<float, float> median_min(std::vector<float> t) {
   std::sort(t.begin(), t.end());

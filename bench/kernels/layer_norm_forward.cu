@@ -40,21 +40,10 @@ int main(int argc, char** argv) {
   const int64_t seed_value = 0x1234567890abcdefll;
   KB_CHECK_CUDA(cudaMemcpy(seed, &seed_value, sizeof(int64_t), cudaMemcpyHostToDevice));
   for (const auto& [rows, cols] : shapes) {
-    const size_t n = size_t(rows) * cols;
-    __nv_bfloat16 *x, *y, *w, *b;
-    float *mean, *rstd;
-    KB_CHECK_CUDA(cudaMalloc(&x, n * 2));
-    KB_CHECK_CUDA(cudaMalloc(&y, n * 2));
-    KB_CHECK_CUDA(cudaMalloc(&w, size_t(cols) * 2));
-    KB_CHECK_CUDA(cudaMalloc(&b, size_t(cols) * 2));
-    KB_CHECK_CUDA(cudaMalloc(&mean, size_t(rows) * 4));
-    KB_CHECK_CUDA(cudaMalloc(&rstd, size_t(rows) * 4));
-    kernel_bench::fill_uniform<<<1024, 256>>>(x, n, 1, -1.5f, 2.5f);
-    kernel_bench::fill_uniform<<<8, 256>>>(w, cols, 2, -1.5f, 2.5f);
-    kernel_bench::fill_uniform<<<8, 256>>>(b, cols, 3, -1.5f, 2.5f);
+    const kernel_bench::LayerNormBuffers buf(rows, cols);
     LayerNormParams plain;
-    plain.rows = rows, plain.cols = cols, plain.dtype = DType::kBF16, plain.x = x, plain.x_ld = cols;
-    plain.weight = w, plain.bias = b, plain.y = y, plain.y_ld = cols, plain.mean = mean, plain.rstd = rstd;
+    buf.set(plain);
+    plain.dtype = DType::kBF16;
     plain.relu = true;
     LayerNormParams dropped = plain;
     dropped.dropout.seed = seed;
@@ -68,17 +57,11 @@ int main(int argc, char** argv) {
     KB_CHECK_CUDA(cudaGetLastError());
     const auto [med_plain, min_plain] = kernel_bench::median_min(t_plain);
     const auto [med_dropped, min_dropped] = kernel_bench::median_min(t_dropped);
-    const double bytes = 4.0 * double(n);  // read x, write y (bf16)
+    const double bytes = 4.0 * double(buf.n);  // read x, write y (bf16)
     std::printf("%dx%d relu          %8.2f us %6.0f GB/s (min %.2f)\n", rows, cols, med_plain,
                 bytes / med_plain * 1e-3, min_plain);
     std::printf("%dx%d relu dropout  %8.2f us %6.0f GB/s (min %.2f)\n", rows, cols, med_dropped,
                 bytes / med_dropped * 1e-3, min_dropped);
-    KB_CHECK_CUDA(cudaFree(x));
-    KB_CHECK_CUDA(cudaFree(y));
-    KB_CHECK_CUDA(cudaFree(w));
-    KB_CHECK_CUDA(cudaFree(b));
-    KB_CHECK_CUDA(cudaFree(mean));
-    KB_CHECK_CUDA(cudaFree(rstd));
   }
   KB_CHECK_CUDA(cudaFree(seed));
   return 0;

@@ -80,30 +80,20 @@ int main(int argc, char** argv) {
       std::printf("shape %s: expected ROWSxCOLS with COLS a multiple of %d\n", arg.c_str(), kVec);
       return 2;
     }
-    const size_t n = size_t(rows) * cols;
-    T *x, *y, *w, *b;
-    float *mean, *rstd;
-    KB_CHECK_CUDA(cudaMalloc(&x, n * 2));
-    KB_CHECK_CUDA(cudaMalloc(&y, n * 2));
-    KB_CHECK_CUDA(cudaMalloc(&w, size_t(cols) * 2));
-    KB_CHECK_CUDA(cudaMalloc(&b, size_t(cols) * 2));
-    KB_CHECK_CUDA(cudaMalloc(&mean, size_t(rows) * 4));
-    KB_CHECK_CUDA(cudaMalloc(&rstd, size_t(rows) * 4));
-    kernel_bench::fill_uniform<<<1024, 256>>>(x, n, 1, -1.5f, 2.5f);
-    kernel_bench::fill_uniform<<<8, 256>>>(w, cols, 2, -1.5f, 2.5f);
-    kernel_bench::fill_uniform<<<8, 256>>>(b, cols, 3, -1.5f, 2.5f);
+    const kernel_bench::LayerNormBuffers buf(rows, cols);
+    const size_t n = buf.n;
     for (int relu = 0; relu < 2; ++relu) {
       LayerNormParams p;
-      p.rows = rows, p.cols = cols, p.x = x, p.x_ld = cols, p.weight = w, p.bias = b, p.y = y, p.y_ld = cols;
-      p.mean = mean, p.rstd = rstd, p.relu = relu != 0;
+      buf.set(p);
+      p.relu = relu != 0;
       const std::vector<Config> all = relu ? configs<true>(cols / kVec) : configs<false>(cols / kVec);
       // Every configuration must reproduce the library's output (to bf16 rounding).
       std::vector<uint16_t> ref(n), got(n);
       for (size_t c = 0; c < all.size(); ++c) {
-        KB_CHECK_CUDA(cudaMemset(y, 0xff, n * 2));
+        KB_CHECK_CUDA(cudaMemset(buf.y, 0xff, n * 2));
         all[c].launch(p);
         KB_CHECK_CUDA(cudaDeviceSynchronize());
-        KB_CHECK_CUDA(cudaMemcpy(c == 0 ? ref.data() : got.data(), y, n * 2, cudaMemcpyDeviceToHost));
+        KB_CHECK_CUDA(cudaMemcpy(c == 0 ? ref.data() : got.data(), buf.y, n * 2, cudaMemcpyDeviceToHost));
         if (c == 0) continue;
         size_t bad = 0;
         for (size_t i = 0; i < n; ++i) {
@@ -127,12 +117,6 @@ int main(int argc, char** argv) {
                     median, 4.0 * double(n) / median * 1e-3, fastest);
       }
     }
-    KB_CHECK_CUDA(cudaFree(x));
-    KB_CHECK_CUDA(cudaFree(y));
-    KB_CHECK_CUDA(cudaFree(w));
-    KB_CHECK_CUDA(cudaFree(b));
-    KB_CHECK_CUDA(cudaFree(mean));
-    KB_CHECK_CUDA(cudaFree(rstd));
   }
   return 0;
 }
