@@ -236,14 +236,25 @@ GemmOptions gemm_options() {
   return o;
 }
 
-// The hand-written kernel of `family` for this dtype, math mode, epilogue and B layout, if built.
-const GemmKernelEntry* direct_entry(bool (*family)(const GemmKernelEntry&), DType dt, MathMode math, bool aux,
-                                    Major b_major) {
+// The hand-written kernel of `family` for this dtype, math mode, epilogue and B layout, when it is
+// built and the config override (`config`, empty for none) does not name another kernel; `forced`
+// when the override names it.
+struct DirectEntry {
+  const GemmKernelEntry* entry = nullptr;
+  bool forced = false;
+};
+
+DirectEntry direct_entry(bool (*family)(const GemmKernelEntry&), DType dt, MathMode math, bool aux, Major b_major,
+                         const std::string& config) {
   for (int i = 0; i < kNumGemmKernels; ++i) {
     const GemmKernelEntry& e = kGemmKernels[i];
-    if (e.dtype == dt && e.math == math && e.aux == aux && e.b_major == b_major && family(e)) return &e;
+    if (e.dtype == dt && e.math == math && e.aux == aux && e.b_major == b_major && family(e)) {
+      const bool forced = config == e.config;
+      if (!config.empty() && !forced) return {};
+      return {&e, forced};
+    }
   }
-  return nullptr;
+  return {};
 }
 
 // Few output columns: the hand-written dot-product kernel (gemm/gemv_gemm.cuh), which reads A, B
@@ -256,8 +267,8 @@ const GemmKernelEntry* direct_entry(bool (*family)(const GemmKernelEntry&), DTyp
 // tile but at 2048 x 4096 -> 4 (31.6 us against 30.2 for the 64x64 transposed tile); at N = 8 and
 // 16 the transposed tensor-core tiles were faster (it reads 8-16 bytes of B from shared memory per
 // element of A there); fp32 takes it up to N = 16, with TF32 over more than 16384 rows only where N
-// is not a multiple of 4 (gemv_chosen in gemm_select.h). The
-// config override forces it (an error where it cannot run) or excludes it.
+// is not a multiple of 4 (gemv_chosen in gemm_select.h). The config override forces it (an error
+// where it cannot run) or excludes it.
 
 const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
                                          bool with_c_or_a2, const std::string& config) {
@@ -265,9 +276,8 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
   if (config.empty() && !gemv_chosen(dt == DType::kF32, math == MathMode::kExactF32, a3.size(0) * a3.size(1), N)) {
     return nullptr;  // most calls: no table walk
   }
-  const GemmKernelEntry* entry = direct_entry(is_gemv, dt, math, aux, major_along_k(b3.stride(1), K));
-  const bool forced = entry != nullptr && config == entry->config;
-  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const auto [entry, forced] = direct_entry(is_gemv, dt, math, aux, major_along_k(b3.stride(1), K), config);
+  if (entry == nullptr) return nullptr;
   const bool runs = N <= kGemvMaxN && (a3.stride(2) == 1 || K == 1) && !with_c_or_a2 &&
                     gemv_shared_bytes(K, N, int(a3.element_size())) <= kGemvMaxSharedBytes;
   CE_CHECK(runs || !forced, "config '", config, "' takes N <= ", kGemvMaxN,
@@ -307,9 +317,8 @@ const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const a
                                : N * K <= kFewRowsSmallWeight ? kFewRowsChosenMaxMSmallNMajor
                                                               : kFewRowsChosenMaxMNMajor;
   if (config.empty() && (M > chosen_max_m || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
-  const GemmKernelEntry* entry = direct_entry(is_fewrows, dt, math, aux, b_major);
-  const bool forced = entry != nullptr && config == entry->config;
-  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const auto [entry, forced] = direct_entry(is_fewrows, dt, math, aux, b_major, config);
+  if (entry == nullptr) return nullptr;
   const int64_t vec = 16 / int64_t(a3.element_size());
   auto pieces = [&](const at::Tensor& t, int64_t stride) {
     return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && stride % vec == 0 &&
@@ -334,9 +343,8 @@ const GemmKernelEntry* short_k_f32_kernel(DType dt, MathMode math, bool aux, con
                                           const at::Tensor& b3, bool with_c_or_a2, const std::string& config) {
   const int64_t K = a3.size(2);
   if (dt != DType::kF32 || (config.empty() && K > kFfmaMaxK)) return nullptr;
-  const GemmKernelEntry* entry = direct_entry(is_ffma, dt, math, aux, major_along_k(b3.stride(1), K));
-  const bool forced = entry != nullptr && config == entry->config;
-  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const auto [entry, forced] = direct_entry(is_ffma, dt, math, aux, major_along_k(b3.stride(1), K), config);
+  if (entry == nullptr) return nullptr;
   const bool runs = K <= kFfmaMaxK && !with_c_or_a2;
   CE_CHECK(runs || !forced, "config '", config, "' takes K <= ", kFfmaMaxK,
            " and no C source; this product is ", a3.size(1), " x ", K, " -> ", b3.size(2),
@@ -363,9 +371,8 @@ const GemmKernelEntry* narrow_gradient_kernel(DType dt, MathMode math, bool plai
   if (dt != DType::kF32) return nullptr;
   const int64_t L = a3.size(0), M = a3.size(1), N = b3.size(2);
   if (config.empty() && std::min(M, N) > kWgradMaxNarrow) return nullptr;
-  const GemmKernelEntry* entry = direct_entry(is_wgrad, dt, math, false, Major::kMN);
-  const bool forced = entry != nullptr && config == entry->config;
-  if (entry == nullptr || !(config.empty() || forced)) return nullptr;
+  const auto [entry, forced] = direct_entry(is_wgrad, dt, math, false, Major::kMN, config);
+  if (entry == nullptr) return nullptr;
   const bool runs = plain && !with_c_or_a2 && L == 1 && std::min(M, N) <= kWgradMaxNarrow &&
                     (M == 1 || a3.stride(1) == 1) && (N == 1 || b3.stride(2) == 1) && a3.size(2) >= 1;
   CE_CHECK(runs || !forced, "config '", config, "' takes plain products (no bias, activation or C) of an M-major A ",
