@@ -15,9 +15,9 @@
 // values of Q (the same for every lane) from shared memory for 4 J multiply-adds. With one column
 // a lane (one 16-byte read of Q per 4 multiply-adds) the kernel ran 3-5x slower than its bytes
 // allow, which a count of those reads at four shared-memory cycles each explains (bench/NOTES.md
-// section 38); four columns a lane ran the 65536-row dW of a 13 -> 512 layer at 3.4 TB/s. At the end the warps' sums are added in the block in warp
-// order, and each slice writes a partial product that sum_partials adds in slice order (the result
-// does not depend on timing).
+// section 38); four columns a lane ran the 65536-row dW of a 13 -> 512 layer at 3.4 TB/s. At the
+// end the warps' sums are added in the block in warp order, and each slice writes a partial
+// product that sum_partials adds in slice order (the result does not depend on timing).
 #pragma once
 
 #include <algorithm>
