@@ -9,15 +9,13 @@ from __future__ import annotations
 import math
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from cutlass_ext import _build, _kernel_table
 
-from .helpers import aux_cooperative, compile_host_program, narrow_n_tile
+from .helpers import ROOT, aux_cooperative, compile_host_program, narrow_n_tile
 
-ROOT = Path(__file__).resolve().parent.parent
 SMS = 132  # an H100 SXM / H200
 # Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
 # fewer 4-CTA clusters fit than 2-CTA ones); the binding asks the driver for these.
