@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/activation.h"
+#include "common/gelu_16bit.h"
 #include "common/device_utils.cuh"
 #include "elementwise/column_sums.cuh"
 #include "elementwise/reduce_kernels.h"
@@ -49,7 +50,7 @@ act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
       for (int i = 0; i < kVec; ++i) {
         float s_i = 0.f;
         if constexpr (kKind != int(Activation::kNone)) s_i = float(s.v[i]);
-        const float dz = act::backward(kKind, float(g.v[i]), s_i);
+        const float dz = act::backward_for<T>(kKind, float(g.v[i]), s_i);
         out.v[i] = T(dz);
         acc[i] += dz;
       }
@@ -110,7 +111,7 @@ void launch_act_grad(ActGradParams const& p, cudaStream_t stream) {
 template <class T, int kKind>
 __global__ void activation_forward_kernel(const T* in, T* out, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = T(act::forward(kKind, float(in[i])));
+    out[i] = T(act::forward_for<T>(kKind, float(in[i])));
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/activation.h"
+#include "common/gelu_16bit.h"
 #include "common/device_utils.cuh"
 #include "elementwise/column_sums.cuh"
 
@@ -105,7 +106,7 @@ few_column_backward_kernel(FewColumnBackwardParams p) {
       if (n < p.n && r < row_end) {
         const float g = float(grad[r * p.grad_stride_r + n * p.grad_stride_n]);
         const float s = saved != nullptr ? float(saved[r * p.saved_stride_r + n * p.saved_stride_n]) : 0.f;
-        dz = act::backward(p.activation, g, s);
+        dz = act::backward_for<T>(p.activation, g, s);
       }
       dz_rows[e] = dz;
       db += dz;

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "common/activation.h"
+#include "common/gelu_16bit.h"
 #include "common/device_utils.cuh"
 #include "elementwise/reduce_kernels.h"
 
@@ -51,7 +52,7 @@ __device__ __forceinline__ void bias_act_rows(BiasActParams const& p, const T* _
     for (int i = 0; i < kVec; ++i) {
       float z = fmaf(p.scale, float(xv[u].v[i]), float(bias.v[i]));
       if constexpr (kResidual) z += float(rv[u].v[i]);
-      out.v[i] = T(act::forward(kAct, z));
+      out.v[i] = T(act::forward_for<T>(kAct, z));
     }
     store_pack<T, kVec>(y + (r + u * step) * p.cols, out);
   }
@@ -146,7 +147,7 @@ __device__ __forceinline__ void bias_act_backward_rows(BiasActBackwardParams con
         if (res != nullptr) z += float(rv[u].v[i]);
       }
       // relu's backward tests saved > 0, which holds for z exactly where it holds for y.
-      const float dz = act::backward(kAct, float(gv[u].v[i]), z);
+      const float dz = act::backward_for<T>(kAct, float(gv[u].v[i]), z);
       acc[i] += dz;
       dx.v[i] = T(p.scale * dz);
       dres.v[i] = T(dz);

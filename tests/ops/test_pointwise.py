@@ -3,6 +3,8 @@ CUDA (hand-written kernels)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -123,6 +125,37 @@ def test_bias_act_default_is_relu_and_none_means_identity(device):
     x = rand(16, 32, device=device, dtype=torch.float32)
     assert torch.equal(cutlass_ext.bias_act(x), torch.relu(x))
     assert torch.equal(cutlass_ext.bias_act(x, activation=None), cutlass_ext.bias_act(x, activation="none"))
+
+
+def unit_in_last_place(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s values at each float64 value of ``ref`` (subnormals included)."""
+    mantissa_bits = {torch.float16: 10, torch.bfloat16: 7}[dtype]
+    min_exponent = int(math.log2(torch.finfo(dtype).tiny))
+    _, e = torch.frexp(ref.abs())  # |ref| = m 2^e, m in [0.5, 1)
+    return torch.ldexp(torch.ones_like(ref), torch.clamp(e - 1, min=min_exponent) - mantissa_bits)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
+def test_gelu_16bit_within_one_unit(dtype_name):
+    # 16-bit results take the polynomial GELU of csrc/common/gelu_16bit.h, not erff: every value of
+    # the dtype in [-6, 8] must come out within one unit of the float64 GELU (erff's fp32 formula
+    # misses by several units in the negative tail, where 1 + erf cancels), and the derivative
+    # within one unit plus the polynomial's 2e-6 (its error where d crosses zero near x = -0.75).
+    dtype = DTYPES[dtype_name]
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    x = every[torch.isfinite(every) & (every >= -6) & (every <= 8)]
+    x = torch.cat([x, x[: (-x.numel()) % 64]]).view(-1, 64).cuda().requires_grad_()
+    y = cutlass_ext.bias_act(x, None, "gelu")
+    y.backward(torch.ones_like(y))
+    x64 = x.detach().double()
+    cdf = 0.5 * torch.erfc(-x64 / math.sqrt(2.0))
+    ref = x64 * cdf
+    err = (y.detach().double() - ref).abs() / unit_in_last_place(ref, dtype)
+    assert err.max() <= 1.0, f"gelu off by {err.max():.2f} units at x = {x64.flatten()[err.argmax()]:.6g}"
+    dref = cdf + x64 * torch.exp(-0.5 * x64 * x64) / math.sqrt(2.0 * math.pi)
+    derr = ((x.grad.double() - dref).abs() - 2e-6) / unit_in_last_place(dref, dtype)
+    assert derr.max() <= 1.0, f"gelu' off by {derr.max():.2f} units at x = {x64.flatten()[derr.argmax()]:.6g}"
 
 
 @pytest.mark.parametrize("act", ACTS)

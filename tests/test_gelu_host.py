@@ -1,0 +1,88 @@
+"""The GELU that the elementwise kernels use for 16-bit results (csrc/common/gelu_16bit.h), built
+with the host C++ compiler, against float64 math without a GPU: its error bound over the range
+where the result is not negligible, the tail past its fitted range, and infinities and NaN."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+
+import numpy as np
+import pytest
+
+from .helpers import ROOT, compile_host_program
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    return compile_host_program(tmp_path_factory.mktemp("gelu"), "gelu_driver",
+                                [ROOT / "tests" / "cpp" / "gelu_driver.cpp"], [])
+
+
+def run(driver, xs):
+    text = "".join(f"{x!r}\n" for x in xs)
+    out = subprocess.run([str(driver)], input=text, capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    assert len(rows) == len(xs)
+    return np.array([[float(v) for v in row] for row in rows])
+
+
+def cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def pdf(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def as_f32(values):
+    return [float(np.float32(v)) for v in values]
+
+
+def test_error_bound_where_it_matters(driver):
+    # Every x in [-5.5, 5.5] on a fine grid plus random ones: GELU's relative error stays below
+    # 1e-5 (the header states 7.6e-6 for the polynomial; exp2 adds ~2^-22 on the host too), and
+    # the derivative's error below 1e-5 of max(|d|, 1), since d crosses zero near x = -0.75.
+    rng = np.random.default_rng(7)
+    xs = as_f32(list(np.linspace(-5.5, 5.5, 20001)) + list(rng.uniform(-5.5, 5.5, 20000)) + [0.0, -0.0])
+    got = run(driver, xs)
+    ref_g = np.array([x * cdf(x) for x in xs])
+    ref_d = np.array([cdf(x) + x * pdf(x) for x in xs])
+    ref_t = np.array([cdf(-abs(x)) for x in xs])
+    g_err = np.abs(got[:, 0] - ref_g) / np.maximum(np.abs(ref_g), 1e-30)
+    g_err[ref_g == 0] = np.abs(got[ref_g == 0, 0])
+    assert g_err.max() < 1e-5, f"gelu relative error {g_err.max():.3e} at x = {xs[int(g_err.argmax())]}"
+    d_err = np.abs(got[:, 1] - ref_d) / np.maximum(np.abs(ref_d), 1.0)
+    assert d_err.max() < 1e-5, f"gelu' error {d_err.max():.3e} at x = {xs[int(d_err.argmax())]}"
+    t_err = np.abs(got[:, 2] - ref_t) / ref_t
+    assert t_err.max() < 1e-5, f"normal tail relative error {t_err.max():.3e}"
+
+
+def test_tail_past_the_fit_decreases_to_zero(driver):
+    # Past the fitted range the tail must keep falling (a polynomial may turn back up) and reach 0,
+    # so that a very negative x gives a result near -0, never x times something sizeable.
+    ts = as_f32(np.concatenate([np.linspace(0.0, 40.0, 8001), np.geomspace(40.0, 1e30, 400)]))
+    tail = run(driver, ts)[:, 2]
+    assert np.all(np.diff(tail) <= 0.0), "normal_tail is not non-increasing"
+    assert tail[-1] == 0.0
+    xs = as_f32(-np.geomspace(5.5, 1e30, 300))
+    got = run(driver, xs)
+    ref = np.array([x * cdf(x) for x in xs])
+    assert np.all(np.abs(got[:, 0] - ref) <= 1e-6), "gelu far from float64 below x = -5.5"
+    assert np.all(np.abs(got[:, 1]) <= 1e-5), "gelu' far from 0 below x = -5.5"
+
+
+def test_large_positive_is_identity(driver):
+    xs = as_f32(np.geomspace(5.5, 1e30, 300))
+    got = run(driver, xs)
+    assert np.all(np.abs(got[:, 0] - np.array(xs)) <= 1e-7 * np.array(xs))
+    assert np.all(np.abs(got[:, 1] - 1.0) <= 1e-6)  # 1 + x phi(x): 1 + 6e-7 at x = 5.5
+
+
+def test_infinities_and_nan(driver):
+    # As the fp32 formula 0.5 x (1 + erf(x / sqrt 2)): gelu(+inf) = +inf, gelu(-inf) = -inf * 0
+    # = NaN, and the derivative at +-inf is NaN (inf * 0); NaN stays NaN.
+    got = run(driver, [math.inf, -math.inf, math.nan])
+    assert got[0, 0] == math.inf
+    assert math.isnan(got[1, 0]) and math.isnan(got[2, 0])
+    assert np.isnan(got[:, 1]).all()
