@@ -726,7 +726,10 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
       }
     };
     const int64_t rows_that_fit = shared_rows_that_fit<T>(p.cols, &device);
-    const int ranks = row_cluster_ranks(p.cols * int64_t(sizeof(T)), shared_budget_bytes(device), device);
+    int ranks = row_cluster_ranks(p.cols * int64_t(sizeof(T)), shared_budget_bytes(device), device);
+    // Slices that leave one CTA an SM (rows over ~900 KB) ran slower than the two-pass kernel
+    // below (bf16 256x524288: 276 against 240 us; bench/NOTES.md section 41). Softmax keeps them.
+    if (ranks > 1 && shared_rows_that_fit<T>(row_cluster_slice(p.cols, ranks, kVec), &device) < 2) ranks = 0;
     if (ranks > 1 && launch_shared(std::true_type{}, ranks)) return;
     if (rows_that_fit >= 1 && launch_shared(std::false_type{}, 1)) return;
   }

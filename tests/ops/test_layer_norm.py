@@ -125,9 +125,10 @@ def test_every_row_config(device, dtype_name, cols):
 # Rows too long for registers: read once through shared memory on the vector path. The forward holds
 # a row of up to 64 KB in one CTA (256-thread blocks where four rows fit an SM, as 8200 fp32 columns
 # do, else 512) and splits a longer one over a cluster of 2-8 CTAs (64 KB slices where 8 suffice,
-# up to ~226 KB each); CUTLASS_EXT_ROW_CLUSTER=1 keeps a row in one CTA where it fits, else two
-# passes over memory. The backward's dx kernel holds x and dy in one CTA where both fit, else two
-# passes. The scalar path always takes the two passes.
+# else as long as two slices fit an SM: a row over ~900 KB takes two passes over memory);
+# CUTLASS_EXT_ROW_CLUSTER=1 keeps a row in one CTA where it fits, else two passes. The backward's
+# dx kernel holds x and dy in one CTA where both fit, else two passes. The scalar path always
+# takes the two passes.
 @requires_cuda
 @pytest.mark.parametrize("dtype_name,cols,clusters,forward,backward", [
     ("bf16", 16392, None, "shared", "shared"),
@@ -135,7 +136,9 @@ def test_every_row_config(device, dtype_name, cols):
     ("fp32", 20000, None, "cluster", "shared"), ("fp32", 20000, "1", "shared", "shared"),
     ("fp32", 8200, None, "shared", "shared"),
     ("fp32", 65536, None, "cluster", "long"), ("fp32", 65536, "1", "long", "long"),
-    ("bf16", 262144, None, "cluster", "long"), ("fp32", 262144, None, "cluster", "long"),
+    ("bf16", 262144, None, "cluster", "long"), ("fp32", 131072, None, "cluster", "long"),
+    ("fp32", 262144, None, "long", "long"), ("bf16", 393216, None, "cluster", "long"),
+    ("bf16", 524288, None, "long", "long"),
     ("bf16", 262144, "2", "long", "long"), ("bf16", 20001, None, "long", "long")])
 def test_long_rows_take_shared_memory_where_they_fit(monkeypatch, dtype_name, cols, clusters, forward, backward):
     dtype = DTYPES[dtype_name]
