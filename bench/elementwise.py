@@ -98,6 +98,7 @@ def cases(rows, cols, dtype):
         Case("bias_relu", lambda x, b: cutlass_ext.bias_act(x, b, "relu"), lambda x, b: F.relu(x + b), x_b, 2, 3),
         Case("bias_gelu_residual", lambda x, b, r: cutlass_ext.bias_act(x, b, "gelu", residual=r),
              lambda x, b, r: F.gelu(x + b + r), x_res, 3, 4),
+        Case("bias_silu", lambda x, b: cutlass_ext.bias_act(x, b, "silu"), lambda x, b: F.silu(x + b), x_b, 2, 3),
         # sum over rows (a bias gradient) and over columns; backward is a broadcast write.
         Case("sum_dim0", lambda x: cutlass_ext.sum(x, 0), lambda x: x.sum(0), x_only, 1, 1),
         Case("sum_dim1", lambda x: cutlass_ext.sum(x, -1), lambda x: x.sum(-1), x_only, 1, 1),

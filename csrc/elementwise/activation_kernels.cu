@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "common/activation.h"
-#include "common/gelu_16bit.h"
+#include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "elementwise/column_sums.cuh"
 #include "elementwise/reduce_kernels.h"

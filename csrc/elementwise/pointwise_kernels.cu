@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "common/activation.h"
-#include "common/gelu_16bit.h"
+#include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "elementwise/reduce_kernels.h"
 

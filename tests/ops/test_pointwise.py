@@ -135,27 +135,43 @@ def unit_in_last_place(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(ref), torch.clamp(e - 1, min=min_exponent) - mantissa_bits)
 
 
+def gelu64(x):
+    cdf = 0.5 * torch.erfc(-x / math.sqrt(2.0))
+    return x * cdf, cdf + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def silu64(x):
+    s, one_minus = torch.sigmoid(x), torch.sigmoid(-x)
+    return x * s, s * (1.0 + x * one_minus)
+
+
+def sigmoid64(x):
+    s, one_minus = torch.sigmoid(x), torch.sigmoid(-x)
+    return s, s * one_minus
+
+
 @requires_cuda
+@pytest.mark.parametrize("act,lo,hi,ref_fn", [("gelu", -6, 8, gelu64), ("silu", -16, 16, silu64),
+                                              ("sigmoid", -16, 16, sigmoid64)])
 @pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
-def test_gelu_16bit_within_one_unit(dtype_name):
-    # 16-bit results take the polynomial GELU of csrc/common/gelu_16bit.h, not erff: every value of
-    # the dtype in [-6, 8] must come out within one unit of the float64 GELU (erff's fp32 formula
-    # misses by several units in the negative tail, where 1 + erf cancels), and the derivative
-    # within one unit plus the polynomial's 2e-6 (its error where d crosses zero near x = -0.75).
+def test_16bit_activations_within_one_unit(dtype_name, act, lo, hi, ref_fn):
+    # 16-bit results take the forms of csrc/common/activation_16bit.h (GELU from a polynomial, not
+    # erff; SiLU and sigmoid from the hardware exp2 and reciprocal): every value of the dtype in
+    # [lo, hi] must come out within one unit of float64 (erff's fp32 GELU misses by several units
+    # in the negative tail, where 1 + erf cancels), and the derivative within one unit plus 2e-6
+    # (GELU's polynomial error where d crosses zero near x = -0.75).
     dtype = DTYPES[dtype_name]
     every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
-    x = every[torch.isfinite(every) & (every >= -6) & (every <= 8)]
+    x = every[torch.isfinite(every) & (every >= lo) & (every <= hi)]
     x = torch.cat([x, x[: (-x.numel()) % 64]]).view(-1, 64).cuda().requires_grad_()
-    y = cutlass_ext.bias_act(x, None, "gelu")
+    y = cutlass_ext.bias_act(x, None, act)
     y.backward(torch.ones_like(y))
     x64 = x.detach().double()
-    cdf = 0.5 * torch.erfc(-x64 / math.sqrt(2.0))
-    ref = x64 * cdf
+    ref, dref = ref_fn(x64)
     err = (y.detach().double() - ref).abs() / unit_in_last_place(ref, dtype)
-    assert err.max() <= 1.0, f"gelu off by {err.max():.2f} units at x = {x64.flatten()[err.argmax()]:.6g}"
-    dref = cdf + x64 * torch.exp(-0.5 * x64 * x64) / math.sqrt(2.0 * math.pi)
+    assert err.max() <= 1.0, f"{act} off by {err.max():.2f} units at x = {x64.flatten()[err.argmax()]:.6g}"
     derr = ((x.grad.double() - dref).abs() - 2e-6) / unit_in_last_place(dref, dtype)
-    assert derr.max() <= 1.0, f"gelu' off by {derr.max():.2f} units at x = {x64.flatten()[derr.argmax()]:.6g}"
+    assert derr.max() <= 1.0, f"{act}' off by {derr.max():.2f} units at x = {x64.flatten()[derr.argmax()]:.6g}"
 
 
 @pytest.mark.parametrize("act", ACTS)

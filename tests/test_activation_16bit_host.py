@@ -1,6 +1,7 @@
-"""The GELU that the elementwise kernels use for 16-bit results (csrc/common/gelu_16bit.h), built
-with the host C++ compiler, against float64 math without a GPU: its error bound over the range
-where the result is not negligible, the tail past its fitted range, and infinities and NaN."""
+"""The GELU, SiLU and sigmoid that the elementwise kernels use for 16-bit results
+(csrc/common/activation_16bit.h), built with the host C++ compiler, against float64 math without a
+GPU: GELU's error bound over the range where the result is not negligible, its tail past the
+fitted range, the others' error bounds, and infinities and NaN."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from .helpers import ROOT, compile_host_program
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    return compile_host_program(tmp_path_factory.mktemp("gelu"), "gelu_driver",
-                                [ROOT / "tests" / "cpp" / "gelu_driver.cpp"], [])
+    return compile_host_program(tmp_path_factory.mktemp("activation_16bit"), "activation_16bit_driver",
+                                [ROOT / "tests" / "cpp" / "activation_16bit_driver.cpp"], [])
 
 
 def run(driver, xs):
@@ -39,7 +40,7 @@ def as_f32(values):
     return [float(np.float32(v)) for v in values]
 
 
-def test_error_bound_where_it_matters(driver):
+def test_gelu_error_bound_where_it_matters(driver):
     # Every x in [-5.5, 5.5] on a fine grid plus random ones: GELU's relative error stays below
     # 1e-5 (the header states 7.6e-6 for the polynomial; exp2 adds ~2^-22 on the host too), and
     # the derivative's error below 1e-5 of max(|d|, 1), since d crosses zero near x = -0.75.
@@ -58,7 +59,7 @@ def test_error_bound_where_it_matters(driver):
     assert t_err.max() < 1e-5, f"normal tail relative error {t_err.max():.3e}"
 
 
-def test_tail_past_the_fit_decreases_to_zero(driver):
+def test_gelu_tail_past_the_fit_decreases_to_zero(driver):
     # Past the fitted range the tail must keep falling (a polynomial may turn back up) and reach 0,
     # so that a very negative x gives a result near -0, never x times something sizeable.
     ts = as_f32(np.concatenate([np.linspace(0.0, 40.0, 8001), np.geomspace(40.0, 1e30, 400)]))
@@ -72,17 +73,41 @@ def test_tail_past_the_fit_decreases_to_zero(driver):
     assert np.all(np.abs(got[:, 1]) <= 1e-5), "gelu' far from 0 below x = -5.5"
 
 
-def test_large_positive_is_identity(driver):
+def test_gelu_large_positive_is_identity(driver):
     xs = as_f32(np.geomspace(5.5, 1e30, 300))
     got = run(driver, xs)
     assert np.all(np.abs(got[:, 0] - np.array(xs)) <= 1e-7 * np.array(xs))
     assert np.all(np.abs(got[:, 1] - 1.0) <= 1e-6)  # 1 + x phi(x): 1 + 6e-7 at x = 5.5
 
 
+def test_silu_and_sigmoid_error_bound(driver):
+    # exp2 and the reciprocal approximated on the GPU (~2^-22 and ~2^-23 relative; exact on the
+    # host), the rest in fp32 FMAs: a few fp32 roundings, far below a 16-bit unit.
+    rng = np.random.default_rng(11)
+    xs = as_f32(list(np.linspace(-30.0, 30.0, 20001)) + list(rng.uniform(-30.0, 30.0, 20000)))
+    got = run(driver, xs)
+    x = np.array(xs)
+    sig = 1.0 / (1.0 + np.exp(-x))
+    one_minus = 1.0 / (1.0 + np.exp(x))  # 1 - sig without float64's own cancellation
+    checks = {
+        "silu": (got[:, 3], x * sig, np.abs(x * sig)),
+        "silu'": (got[:, 4], sig * (1.0 + x * one_minus), 1.0),
+        "sigmoid": (got[:, 5], sig, sig),
+        "sigmoid'": (got[:, 6], sig * one_minus, sig * one_minus),
+    }
+    for name, (ours, ref, scale) in checks.items():
+        err = np.abs(ours - ref) / np.maximum(scale, 1e-30)
+        err[ref == 0] = np.abs(ours[ref == 0])
+        assert err.max() < 2e-6, f"{name}: relative error {err.max():.3e} at x = {xs[int(err.argmax())]}"
+
+
 def test_infinities_and_nan(driver):
-    # As the fp32 formula 0.5 x (1 + erf(x / sqrt 2)): gelu(+inf) = +inf, gelu(-inf) = -inf * 0
-    # = NaN, and the derivative at +-inf is NaN (inf * 0); NaN stays NaN.
+    # As the fp32 formulas give them: gelu(+inf) = silu(+inf) = +inf, gelu(-inf) = silu(-inf) =
+    # -inf * 0 = NaN, sigmoid(+-inf) = 1 and 0; GELU's and SiLU's derivatives at +-inf are NaN
+    # (inf * 0), sigmoid's 0; NaN stays NaN.
     got = run(driver, [math.inf, -math.inf, math.nan])
-    assert got[0, 0] == math.inf
-    assert math.isnan(got[1, 0]) and math.isnan(got[2, 0])
-    assert np.isnan(got[:, 1]).all()
+    assert got[0, 0] == math.inf and got[0, 3] == math.inf
+    assert math.isnan(got[1, 0]) and math.isnan(got[1, 3])
+    assert np.isnan(got[:, [1, 4]]).all()
+    assert got[0, 5] == 1.0 and got[1, 5] == 0.0 and got[0, 6] == 0.0 and got[1, 6] == 0.0
+    assert np.isnan(got[2]).all()
