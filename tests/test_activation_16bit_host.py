@@ -41,22 +41,24 @@ def as_f32(values):
 
 
 def test_gelu_error_bound_where_it_matters(driver):
-    # Every x in [-5.5, 5.5] on a fine grid plus random ones: GELU's relative error stays below
-    # 1e-5 (the header states 7.6e-6 for the polynomial; exp2 adds ~2^-22 on the host too), and
-    # the derivative's error below 1e-5 of max(|d|, 1), since d crosses zero near x = -0.75.
+    # Every x in [-6, 6] on a fine grid plus random ones. Phi's absolute error stays below 1.5e-7
+    # (the header's fit: 1.3e-7; what a bias gradient, a sum of many derivatives of both signs,
+    # accumulates), the derivative's below 2.5e-7 (that plus fp32 roundings of values up to 1.13);
+    # GELU's relative error stays below 1e-4 (9e-5 in the tail, where Phi is small), far below a
+    # 16-bit unit.
     rng = np.random.default_rng(7)
-    xs = as_f32(list(np.linspace(-5.5, 5.5, 20001)) + list(rng.uniform(-5.5, 5.5, 20000)) + [0.0, -0.0])
+    xs = as_f32(list(np.linspace(-6.0, 6.0, 24001)) + list(rng.uniform(-6.0, 6.0, 20000)) + [0.0, -0.0])
     got = run(driver, xs)
     ref_g = np.array([x * cdf(x) for x in xs])
     ref_d = np.array([cdf(x) + x * pdf(x) for x in xs])
     ref_t = np.array([cdf(-abs(x)) for x in xs])
+    t_err = np.abs(got[:, 2] - ref_t)
+    assert t_err.max() < 1.5e-7, f"normal tail error {t_err.max():.3e} at |x| = {abs(xs[int(t_err.argmax())])}"
+    d_err = np.abs(got[:, 1] - ref_d)
+    assert d_err.max() < 2.5e-7, f"gelu' error {d_err.max():.3e} at x = {xs[int(d_err.argmax())]}"
     g_err = np.abs(got[:, 0] - ref_g) / np.maximum(np.abs(ref_g), 1e-30)
     g_err[ref_g == 0] = np.abs(got[ref_g == 0, 0])
-    assert g_err.max() < 1e-5, f"gelu relative error {g_err.max():.3e} at x = {xs[int(g_err.argmax())]}"
-    d_err = np.abs(got[:, 1] - ref_d) / np.maximum(np.abs(ref_d), 1.0)
-    assert d_err.max() < 1e-5, f"gelu' error {d_err.max():.3e} at x = {xs[int(d_err.argmax())]}"
-    t_err = np.abs(got[:, 2] - ref_t) / ref_t
-    assert t_err.max() < 1e-5, f"normal tail relative error {t_err.max():.3e}"
+    assert g_err.max() < 1e-4, f"gelu relative error {g_err.max():.3e} at x = {xs[int(g_err.argmax())]}"
 
 
 def test_gelu_tail_past_the_fit_decreases_to_zero(driver):
