@@ -92,13 +92,9 @@ CE_HOST_DEVICE float gelu_16bit_backward(float dy, float z) {
   return dy * fmaf(z, pdf, normal_cdf_16bit(z));
 }
 
-// 0 for x = -inf (and below ~-88, where 2^(-x log2 e) overflows), 1 for +inf, NaN for NaN.
-CE_HOST_DEVICE float sigmoid_16bit(float x) { return reciprocal_fast(1.f + exp2_fast(x * -kLog2E)); }
-
-CE_HOST_DEVICE float silu_16bit(float x) { return x * sigmoid_16bit(x); }
-
 // sigmoid(x) and 1 - sigmoid(x), the latter as 2^(-x log2 e) sigmoid(x) for x >= 0, where
-// 1 - s would cancel (s rounds to 1 from x ~ 16.6, and s (1 - s) to 0).
+// 1 - s would cancel (s rounds to 1 from x ~ 16.6, and s (1 - s) to 0). s is 0 for x = -inf (and
+// below ~-88, where 2^(-x log2 e) overflows), 1 for +inf, NaN for NaN.
 struct SigmoidPair {
   float s, one_minus_s;
 };
@@ -107,6 +103,11 @@ CE_HOST_DEVICE SigmoidPair sigmoid_pair_16bit(float x) {
   const float s = reciprocal_fast(1.f + e);
   return {s, x >= 0.f ? e * s : 1.f - s};
 }
+
+// (The unused 1 - s of the pair is dropped by the compiler.)
+CE_HOST_DEVICE float sigmoid_16bit(float x) { return sigmoid_pair_16bit(x).s; }
+
+CE_HOST_DEVICE float silu_16bit(float x) { return x * sigmoid_16bit(x); }
 
 CE_HOST_DEVICE float sigmoid_16bit_backward(float dy, float z) {
   const SigmoidPair p = sigmoid_pair_16bit(z);
