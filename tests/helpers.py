@@ -42,6 +42,34 @@ def assert_close_to_reference(out, ref64, peer, dtype_name: str, what: str = "ou
     assert err <= bound, f"{what}: relative error {err:.3e} > bound {bound:.3e} (torch's own: {peer_err:.3e})"
 
 
+def unit_in_last_place(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s values (fp16 or bf16) at each float64 value of ``ref``
+    (subnormals included)."""
+    mantissa_bits = {torch.float16: 10, torch.bfloat16: 7}[dtype]
+    min_exponent = int(math.log2(torch.finfo(dtype).tiny))
+    _, e = torch.frexp(ref.abs())  # |ref| = m 2^e, m in [0.5, 1)
+    return torch.ldexp(torch.ones_like(ref), torch.clamp(e - 1, min=min_exponent) - mantissa_bits)
+
+
+def every_value(dtype: torch.dtype, lo: float, hi: float) -> torch.Tensor:
+    """Every finite value of the 16-bit ``dtype`` in [lo, hi], on the CPU."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    return every[torch.isfinite(every) & (every >= lo) & (every <= hi)]
+
+
+def activation64(act: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gelu, silu or sigmoid of float64 ``x`` and its derivative, computed without the
+    cancellations of 1 + erf(x) and 1 - sigmoid(x)."""
+    if act == "gelu":
+        cdf = 0.5 * torch.erfc(-x / math.sqrt(2.0))
+        return x * cdf, cdf + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    s, one_minus = torch.sigmoid(x), torch.sigmoid(-x)
+    if act == "silu":
+        return x * s, s * (1.0 + x * one_minus)
+    assert act == "sigmoid", act
+    return s, s * one_minus
+
+
 @contextlib.contextmanager
 def fp32_precision(dtype_name: str):
     """tf32 runs fp32 GEMMs on TF32 tensor cores; fp32 asks for exact fp32."""

@@ -3,8 +3,6 @@ CUDA (hand-written kernels)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -12,7 +10,8 @@ import cutlass_ext
 from cutlass_ext.ops import _activation
 
 from ..conftest import requires_cuda
-from ..helpers import DTYPES, assert_close_to_reference, capture_cuda_graph, cuda_kernels_run
+from ..helpers import (DTYPES, activation64, assert_close_to_reference, capture_cuda_graph, cuda_kernels_run,
+                       every_value, unit_in_last_place)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
 ACTS = list(_activation.ACTIVATIONS)
@@ -127,47 +126,22 @@ def test_bias_act_default_is_relu_and_none_means_identity(device):
     assert torch.equal(cutlass_ext.bias_act(x, activation=None), cutlass_ext.bias_act(x, activation="none"))
 
 
-def unit_in_last_place(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of ``dtype``'s values at each float64 value of ``ref`` (subnormals included)."""
-    mantissa_bits = {torch.float16: 10, torch.bfloat16: 7}[dtype]
-    min_exponent = int(math.log2(torch.finfo(dtype).tiny))
-    _, e = torch.frexp(ref.abs())  # |ref| = m 2^e, m in [0.5, 1)
-    return torch.ldexp(torch.ones_like(ref), torch.clamp(e - 1, min=min_exponent) - mantissa_bits)
-
-
-def gelu64(x):
-    cdf = 0.5 * torch.erfc(-x / math.sqrt(2.0))
-    return x * cdf, cdf + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-
-
-def silu64(x):
-    s, one_minus = torch.sigmoid(x), torch.sigmoid(-x)
-    return x * s, s * (1.0 + x * one_minus)
-
-
-def sigmoid64(x):
-    s, one_minus = torch.sigmoid(x), torch.sigmoid(-x)
-    return s, s * one_minus
-
-
 @requires_cuda
-@pytest.mark.parametrize("act,lo,hi,ref_fn", [("gelu", -6, 8, gelu64), ("silu", -16, 16, silu64),
-                                              ("sigmoid", -16, 16, sigmoid64)])
+@pytest.mark.parametrize("act,lo,hi", [("gelu", -6, 8), ("silu", -16, 16), ("sigmoid", -16, 16)])
 @pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
-def test_16bit_activations_within_one_unit(dtype_name, act, lo, hi, ref_fn):
+def test_16bit_activations_within_one_unit(dtype_name, act, lo, hi):
     # 16-bit results take the forms of csrc/common/activation_16bit.h (GELU from a polynomial, not
     # erff; SiLU and sigmoid from the hardware exp2 and reciprocal): every value of the dtype in
     # [lo, hi] must come out within one unit of float64 (erff's fp32 GELU misses by several units
     # in the negative tail, where 1 + erf cancels), and the derivative within one unit plus 2e-6
     # (GELU's polynomial error where d crosses zero near x = -0.75).
     dtype = DTYPES[dtype_name]
-    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
-    x = every[torch.isfinite(every) & (every >= lo) & (every <= hi)]
+    x = every_value(dtype, lo, hi)
     x = torch.cat([x, x[: (-x.numel()) % 64]]).view(-1, 64).cuda().requires_grad_()
     y = cutlass_ext.bias_act(x, None, act)
     y.backward(torch.ones_like(y))
     x64 = x.detach().double()
-    ref, dref = ref_fn(x64)
+    ref, dref = activation64(act, x64)
     err = (y.detach().double() - ref).abs() / unit_in_last_place(ref, dtype)
     assert err.max() <= 1.0, f"{act} off by {err.max():.2f} units at x = {x64.flatten()[err.argmax()]:.6g}"
     derr = ((x.grad.double() - dref).abs() - 2e-6) / unit_in_last_place(dref, dtype)
