@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/activation.h"
+#include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
 #include "gemm/mma_sync.cuh"
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
     z *= p.alpha;
     if (bias != nullptr) z += float(bias[n]);
     if (p.aux != nullptr) static_cast<T*>(p.aux)[l * p.aux_stride_l + m * p.aux_stride_m + n] = T(z);
-    static_cast<T*>(p.D)[l * p.d_stride_l + m * p.d_stride_m + n] = T(act::forward(p.activation, z));
+    static_cast<T*>(p.D)[l * p.d_stride_l + m * p.d_stride_m + n] = T(act::forward_for<T>(p.activation, z));
   }
 }
 

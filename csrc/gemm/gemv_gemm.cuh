@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/activation.h"
+#include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
 #include "gemm/resident_blocks.h"
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(kThreads) gemv_gemm_kernel(GemmParams p, bool 
       float z = p.alpha * sums[h];
       if (bias != nullptr) z += to_float(bias[n]);
       if (p.aux != nullptr) static_cast<T*>(p.aux)[l * p.aux_stride_l + m * p.aux_stride_m + n] = T(z);
-      static_cast<T*>(p.D)[l * p.d_stride_l + m * p.d_stride_m + n] = T(act::forward(p.activation, z));
+      static_cast<T*>(p.D)[l * p.d_stride_l + m * p.d_stride_m + n] = T(act::forward_for<T>(p.activation, z));
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/activation.h"
+#include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
 #include "gemm/mma_sync.cuh"
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
         for (int j = 0; j < kVec; ++j) {
           v[j] = alpha * sums[j] + bias[j];
           if (C != nullptr) v[j] += beta * float(c_piece.v[j]);
-          y[j] = act::forward(kAct, v[j]);
+          y[j] = act::forward_for<T>(kAct, v[j]);
         }
         if (has_aux) store_vec<T, kVec>(aux_row, v);
         store_vec<T, kVec>(d_row, y);

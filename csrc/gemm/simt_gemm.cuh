@@ -21,7 +21,8 @@ namespace cutlass_ext::simt {
 template <class LayoutA, class LayoutB, int TileM, int TileN, int TileK, int WarpM, int WarpN, int Stages>
 struct GemmBundle {
   using Element = float;
-  using EpilogueOp = cutlass::epilogue::thread::LinearCombinationGeneric<RuntimeActivation, float, 1, float, float>;
+  using EpilogueOp = cutlass::epilogue::thread::LinearCombinationGeneric<ActivationStoring<float>::Runtime, float, 1,
+                                                                        float, float>;
   using Gemm = cutlass::gemm::device::GemmUniversal<
       float, LayoutA, float, LayoutB, float, cutlass::layout::RowMajor, float, cutlass::arch::OpClassSimt,
       cutlass::arch::Sm80, cutlass::gemm::GemmShape<TileM, TileN, TileK>,

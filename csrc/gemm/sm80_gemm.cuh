@@ -28,7 +28,8 @@ struct GemmBundle {
   // mma.sync shapes: m16n8k16 for 16-bit types, m16n8k8 for TF32.
   static constexpr int kInstructionK = cutlass::sizeof_bits<Element>::value == 16 ? 16 : 8;
   using EpilogueOp =
-      cutlass::epilogue::thread::LinearCombinationGeneric<RuntimeActivation, Element, kAlignment, float, float>;
+      cutlass::epilogue::thread::LinearCombinationGeneric<ActivationStoring<Element>::Runtime, Element, kAlignment,
+                                                      float, float>;
   using Gemm = cutlass::gemm::device::GemmUniversal<
       Element, LayoutA, Element, LayoutB, Element, cutlass::layout::RowMajor, float,
       cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, cutlass::gemm::GemmShape<TileM, TileN, TileK>,

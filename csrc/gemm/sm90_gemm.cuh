@@ -84,20 +84,23 @@ struct GemmBundle {
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
   using LayoutD = cute::conditional_t<kTransposed, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 
+  // The activation in the form for the stored type (ElementD: Element, or fp32 for K slices).
+  template <class T>
+  using Activation = typename ActivationStoring<ElementD>::template Compact<T>;
   // The bias follows the caller's N: the kernel's columns, or its rows when transposed.
   using BiasActOp = cute::conditional_t<
       kTransposed,
       cute::conditional_t<
           kAux,
-          cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, CompactRuntimeActivation, Element, float,
+          cutlass::epilogue::fusion::LinCombPerRowBiasEltActAux<LayoutD, Activation, Element, float,
                                                                  Element, Element, Element>,
-          cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<CompactRuntimeActivation, Element, float, Element,
+          cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<Activation, Element, float, Element,
                                                               Element>>,
       cute::conditional_t<
           kAux,
-          cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, CompactRuntimeActivation, Element, float,
+          cutlass::epilogue::fusion::LinCombPerColBiasEltActAux<LayoutD, Activation, Element, float,
                                                                  Element, Element, Element>,
-          cutlass::epilogue::fusion::LinCombPerColBiasEltAct<CompactRuntimeActivation, ElementD, float, Element,
+          cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Activation, ElementD, float, Element,
                                                               ElementD>>>;
   using FusionOp = cute::conditional_t<kPlainEpilogue,
                                        cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,

@@ -16,8 +16,9 @@ from cutlass_ext.ops import _activation
 from cutlass_ext.ops import linear as linear_ops
 
 from ..conftest import HAS_CUDA, requires_cuda
-from ..helpers import (DTYPES, assert_close_to_reference, aux_cooperative, capture_cuda_graph, cuda_kernels_run,
-                       fp32_precision, gemm_kernels_run, narrow_n_tile)
+from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
+                       cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_n_tile,
+                       unit_in_last_place)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -399,6 +400,30 @@ def test_matmul(device, dtype_name, case):
 
 # ------------------------------------------------------------------------------------------------
 # _act_grad (the fused activation-backward + bias-gradient op)
+
+
+@requires_cuda
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("rows,k", [(1, 1024), (8, 64), (300, 16), (300, 1024)])
+@pytest.mark.parametrize("act,lo,hi", [("gelu", -6, 8), ("silu", -16, 16), ("sigmoid", -16, 16)])
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
+def test_16bit_epilogue_activations_within_one_unit(dtype_name, act, lo, hi, rows, k, train):
+    # 16-bit results take GELU, SiLU and sigmoid in the forms of csrc/common/activation_16bit.h in
+    # every epilogue (CUTLASS's, with and without the training forward's pre-activation output,
+    # and the one-row, few-row and short-K kernels'). Every value z of the dtype in [lo, hi] is a
+    # column of the product (A's first column ones, B's first row z, the rest zero, so the fp32
+    # accumulator holds z exactly), and must come out within one unit of float64.
+    dtype = DTYPES[dtype_name]
+    z = every_value(dtype, lo, hi)
+    z = torch.cat([z, z[: (-z.numel()) % 8]]).cuda()
+    A = torch.zeros(rows, k, device="cuda", dtype=dtype)
+    A[:, 0] = 1
+    B = torch.zeros(k, z.numel(), device="cuda", dtype=dtype)
+    B[0] = z
+    y = cutlass_ext.linear(A.requires_grad_(train), B, None, activation=act)
+    ref, _ = activation64(act, z.double())
+    err = (y.detach().double() - ref).abs() / unit_in_last_place(ref, dtype)
+    assert err.max() <= 1.0, f"{act} off by {err.max():.2f} units at z = {z[err.max(0).values.argmax()]:.6g}"
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 5), (33, 64), (2048, 520), (257, 4097), (5000, 24)])
