@@ -25,7 +25,8 @@ template <int Kind>
 struct Epilogue;
 template <>
 struct Epilogue<kRuntimeActivation> {
-  using Op = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<RuntimeActivation, Element, float, Element, Element>;
+  using Op = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ActivationStoring<Element>::Runtime, Element, float, Element,
+                                                                  Element>;
 };
 template <>
 struct Epilogue<kPlain> {
