@@ -904,15 +904,13 @@ std::tuple<at::Tensor, at::Tensor> act_grad_cuda(const at::Tensor& grad, const c
     p.grad_input_ld = cols;
   }
   at::Tensor partials;
+  p.row_splits = act_grad_row_splits(rows, cols, dt, p.activation, sm_count(device), device);
   if (need_bias_grad) {
     p.grad_bias = db.data_ptr();
-    p.row_splits = act_grad_row_splits(rows, cols, dt, sm_count(device));
     if (p.row_splits > 1) {
       partials = at::empty({p.row_splits, cols}, grad.options().dtype(at::kFloat));
       p.partials = partials.data_ptr<float>();
     }
-  } else {
-    p.row_splits = act_grad_row_splits(rows, cols, dt, sm_count(device));
   }
   check_launch(cutlass_ext::act_grad(p, current_stream(grad.device())), op, "act_grad");
   return {dz, db};

@@ -6,6 +6,7 @@
 #include "common/activation.h"
 #include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
+#include "common/resident_blocks.h"
 #include "elementwise/column_sums.cuh"
 #include "elementwise/reduce_kernels.h"
 
@@ -129,6 +130,21 @@ void launch_activation_forward(ActForwardParams const& p, cudaStream_t stream) {
                       [&](auto kind) { launch_activation_forward_kind<T, decltype(kind)::value>(p, stream); });
 }
 
+// Blocks of the vectorized kernel for an activation that fit one SM of `device` (5 or 6: 38-48
+// registers).
+template <class T>
+struct ActGradResidentFn {
+  int operator()(int activation, int device) const {
+    int blocks = 1;
+    dispatch_activation(activation, [&](auto kind) {
+      blocks = cached_resident_blocks(
+          reinterpret_cast<const void*>(act_grad_kernel<T, vec_width<T>(), decltype(kind)::value>), kThreads, 0,
+          device);
+    });
+    return blocks;
+  }
+};
+
 template <class T>
 struct ActGradFn {
   void operator()(ActGradParams const& p, cudaStream_t s) const { launch_act_grad<T>(p, s); }
@@ -140,14 +156,13 @@ struct ActForwardFn {
 
 }  // namespace
 
-int act_grad_row_splits(int64_t rows, int64_t cols, DType dtype, int sm_count) {
+int act_grad_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, int sm_count, int device) {
   const int vec = dtype == DType::kF32 ? 4 : 8;
   const int tx = threads_x(cols, vec);
   const int64_t col_blocks = ceil_div(cols, int64_t(tx) * vec);
-  const int64_t target_blocks = 4 * int64_t(std::max(sm_count, 1));
+  const int64_t wave = int64_t(call_for_dtype<ActGradResidentFn>(dtype, activation, device)) * std::max(sm_count, 1);
   const int64_t max_splits = std::max<int64_t>(1, rows / (int64_t(kThreads / tx) * kMinRowsPerThread));
-  const int64_t splits = std::min<int64_t>(ceil_div(target_blocks, col_blocks), max_splits);
-  return int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
+  return one_wave_row_splits(col_blocks, wave, max_splits);
 }
 
 LaunchResult act_grad(ActGradParams const& p, cudaStream_t stream) {

@@ -33,8 +33,9 @@ struct ActGradParams {
   int row_splits = 1;
 };
 
-// Picks the row split for a grid that fills `sm_count` multiprocessors.
-int act_grad_row_splits(int64_t rows, int64_t cols, DType dtype, int sm_count);
+// Picks the row split for a grid that fills one wave of `sm_count` multiprocessors of `device`
+// (the current device) with the kernel of `dtype` and `activation`.
+int act_grad_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, int sm_count, int device);
 
 LaunchResult act_grad(ActGradParams const& p, cudaStream_t stream);
 

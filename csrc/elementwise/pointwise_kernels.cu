@@ -7,6 +7,7 @@
 #include "common/activation.h"
 #include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
+#include "common/resident_blocks.h"
 #include "elementwise/reduce_kernels.h"
 
 namespace cutlass_ext {
@@ -20,7 +21,6 @@ constexpr int forward_min_blocks(int act) {
   return act == int(Activation::kRelu) || act == int(Activation::kNone) ? 8 : 6;
 }
 constexpr int kBackwardUnroll = 2;     // (the backward already streams 2-3 inputs per row)
-constexpr int kBackwardBlocksPerSm = 4;
 constexpr int kMinRowsPerSplit = 32;
 
 // Threads of a 256-thread block across columns (each owns kVec adjacent columns); the rest of the
@@ -233,6 +233,21 @@ struct BiasActBackwardFn {
   }
 };
 
+// Blocks of the vectorized backward kernel for an activation that fit one SM of `device`. The
+// 16-bit kernels hold 65-80 registers: 3 blocks, not the 4 a fixed target assumed.
+template <class T>
+struct BackwardResidentFn {
+  int operator()(int activation, int device) const {
+    int blocks = 1;
+    dispatch_activation(activation, [&](auto kind) {
+      blocks = cached_resident_blocks(
+          reinterpret_cast<const void*>(bias_act_backward_kernel<T, vec_width<T>(), decltype(kind)::value>), kThreads,
+          0, device);
+    });
+    return blocks;
+  }
+};
+
 // ------------------------------------------------------------------------------------------------
 // add
 
@@ -286,14 +301,14 @@ LaunchResult bias_act_forward(BiasActParams const& p, cudaStream_t stream) {
   return dispatch_dtype<BiasActForwardFn>(p, stream);
 }
 
-int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int sm_count) {
-  const int64_t vec = dtype == DType::kF32 ? 4 : 8;
-  const int64_t col_vecs = ceil_div(cols, vec);
-  const int64_t col_blocks = ceil_div(col_vecs, column_block(col_vecs).x);
-  const int64_t target = int64_t(kBackwardBlocksPerSm) * std::max(sm_count, 1);
-  const int64_t max_splits = std::max<int64_t>(1, rows / kMinRowsPerSplit);
-  const int64_t splits = std::min({ceil_div(target, col_blocks), max_splits, int64_t(65535)});
-  return int(std::max<int64_t>(1, splits));
+int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, int sm_count,
+                                 int device) {
+  const int vec = dtype == DType::kF32 ? 4 : 8;
+  const int64_t col_vecs = ceil_div(cols, int64_t(vec));
+  const int64_t col_blocks = ceil_div(col_vecs, int64_t(column_block(col_vecs).x));
+  const int resident = call_for_dtype<BackwardResidentFn>(dtype, activation, device);
+  const int64_t wave = int64_t(resident) * std::max(sm_count, 1);
+  return one_wave_row_splits(col_blocks, wave, std::max<int64_t>(1, rows / kMinRowsPerSplit));
 }
 
 LaunchResult bias_act_backward(BiasActBackwardParams const& p, cudaStream_t stream) {

@@ -26,7 +26,7 @@
 #include "common/activation.h"
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
-#include "gemm/resident_blocks.h"
+#include "common/resident_blocks.h"
 
 namespace cutlass_ext::ffma {
 

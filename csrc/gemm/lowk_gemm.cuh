@@ -21,7 +21,7 @@
 #include "common/device_utils.cuh"
 #include "gemm/gemm_params.h"
 #include "gemm/mma_sync.cuh"
-#include "gemm/resident_blocks.h"
+#include "common/resident_blocks.h"
 
 namespace cutlass_ext::lowk {
 

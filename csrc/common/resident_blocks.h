@@ -1,6 +1,8 @@
-// Occupancy of the hand-written persistent GEMM kernels (short K, few columns), asked once.
+// Occupancy of hand-written kernels (persistent GEMMs, split-row reductions), asked once.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -23,6 +25,15 @@ inline int cached_resident_blocks(const void* kernel, int threads, int smem, int
   if (blocks < 1) return 1;
   cache.emplace(key, blocks);
   return blocks;
+}
+
+// Row splits for a grid of col_blocks x splits blocks that each walk rows / splits rows: as many
+// as fill one wave of `wave` blocks (sm_count x resident blocks) without starting a second, at
+// least 1 and at most max_splits. A second, partial wave runs its blocks after the first ones
+// finish: the pass then takes two block times for 1.x waves of work.
+inline int one_wave_row_splits(int64_t col_blocks, int64_t wave, int64_t max_splits) {
+  const int64_t splits = std::min({wave / std::max<int64_t>(col_blocks, 1), max_splits, int64_t(65535)});
+  return int(std::max<int64_t>(1, splits));
 }
 
 }  // namespace cutlass_ext
