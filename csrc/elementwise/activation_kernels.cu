@@ -162,7 +162,7 @@ int act_grad_row_splits(int64_t rows, int64_t cols, DType dtype, int activation,
   const int64_t col_blocks = ceil_div(cols, int64_t(tx) * vec);
   const int64_t wave = int64_t(call_for_dtype<ActGradResidentFn>(dtype, activation, device)) * std::max(sm_count, 1);
   const int64_t max_splits = std::max<int64_t>(1, rows / (int64_t(kThreads / tx) * kMinRowsPerThread));
-  return one_wave_row_splits(col_blocks, wave, max_splits);
+  return wave_row_splits(col_blocks, wave, max_splits);
 }
 
 LaunchResult act_grad(ActGradParams const& p, cudaStream_t stream) {

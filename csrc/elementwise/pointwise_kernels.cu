@@ -308,7 +308,7 @@ int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int ac
   const int64_t col_blocks = ceil_div(col_vecs, int64_t(column_block(col_vecs).x));
   const int resident = call_for_dtype<BackwardResidentFn>(dtype, activation, device);
   const int64_t wave = int64_t(resident) * std::max(sm_count, 1);
-  return one_wave_row_splits(col_blocks, wave, std::max<int64_t>(1, rows / kMinRowsPerSplit));
+  return wave_row_splits(col_blocks, wave, std::max<int64_t>(1, rows / kMinRowsPerSplit));
 }
 
 LaunchResult bias_act_backward(BiasActBackwardParams const& p, cudaStream_t stream) {
