@@ -137,7 +137,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
   if (need_x) p.grad_x = dx.data_ptr();
   if (need_residual) p.grad_residual = dres.data_ptr();
   const int device = x.device().index();
-  p.row_splits = bias_act_backward_row_splits(rows, cols, dt, p.activation, sm_count(device), device);
+  p.row_splits =
+      bias_act_backward_row_splits(rows, cols, dt, p.activation, p.residual != nullptr, sm_count(device), device);
   at::Tensor partials;
   if (need_bias) {
     p.grad_bias = db.data_ptr();

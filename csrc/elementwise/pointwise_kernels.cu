@@ -20,7 +20,6 @@ constexpr int kThreads = 256;
 constexpr int forward_min_blocks(int act) {
   return act == int(Activation::kRelu) || act == int(Activation::kNone) ? 8 : 6;
 }
-constexpr int kBackwardUnroll = 2;     // (the backward already streams 2-3 inputs per row)
 constexpr int kMinRowsPerSplit = 32;
 
 // Threads of a 256-thread block across columns (each owns kVec adjacent columns); the rest of the
@@ -158,7 +157,7 @@ __device__ __forceinline__ void bias_act_backward_rows(BiasActBackwardParams con
   }
 }
 
-template <class T, int kVec, int kAct>
+template <class T, int kVec, int kAct, int kUnroll>
 __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBackwardParams p, int64_t rows_per_split) {
   __shared__ float sums[kThreads * kVec];
   const int tx = blockDim.x, ty = blockDim.y;
@@ -180,8 +179,8 @@ __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBack
       for (int i = 0; i < kVec; ++i) b[i] = 0.f;
     }
     int64_t r = row_begin + threadIdx.y;
-    for (; r + (kBackwardUnroll - 1) * ty < row_end; r += kBackwardUnroll * ty) {
-      bias_act_backward_rows<kBackwardUnroll, kAct, T, kVec>(p, col, b, r, ty, acc);
+    for (; r + (kUnroll - 1) * ty < row_end; r += kUnroll * ty) {
+      bias_act_backward_rows<kUnroll, kAct, T, kVec>(p, col, b, r, ty, acc);
     }
     for (; r < row_end; r += ty) bias_act_backward_rows<1, kAct, T, kVec>(p, col, b, r, ty, acc);
   }
@@ -204,15 +203,35 @@ __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBack
   }
 }
 
+using BackwardKernel = void (*)(BiasActBackwardParams, int64_t);
+
+// The kernel for an activation. Each thread loads two rows before their math, except for a
+// transcendental activation of 16-bit data without a residual, which loads one: there the math
+// limits the kernel, and one row holds 58-64 registers (4 blocks an SM) where two hold 65-80 (3).
+// On an H200 (bench/NOTES.md section 42) bias+SiLU forward+backward ran 1.10-1.15x faster with one;
+// bias+GELU+residual (a third stream to load) ran 1-2% slower, so it keeps two.
+template <class T, int kVec>
+BackwardKernel backward_kernel(int activation, bool residual) {
+  BackwardKernel kernel = nullptr;
+  dispatch_activation(activation, [&](auto kind) {
+    constexpr int kAct = decltype(kind)::value;
+    constexpr bool kTranscendental = kAct != int(Activation::kRelu) && kAct != int(Activation::kNone);
+    if constexpr (kTranscendental && sizeof(T) == 2) {
+      kernel = residual ? bias_act_backward_kernel<T, kVec, kAct, 2> : bias_act_backward_kernel<T, kVec, kAct, 1>;
+    } else {
+      kernel = bias_act_backward_kernel<T, kVec, kAct, 2>;
+    }
+  });
+  return kernel;
+}
+
 template <class T, int kVec>
 void launch_bias_act_backward_vec(BiasActBackwardParams const& p, cudaStream_t stream) {
   const dim3 block = column_block(p.cols / kVec);
   const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
   const int64_t rows_per_split = ceil_div(p.rows, p.row_splits);
   const dim3 grid{unsigned(col_blocks), unsigned(p.row_splits)};
-  dispatch_activation(p.activation, [&](auto kind) {
-    bias_act_backward_kernel<T, kVec, decltype(kind)::value><<<grid, block, 0, stream>>>(p, rows_per_split);
-  });
+  backward_kernel<T, kVec>(p.activation, p.residual != nullptr)<<<grid, block, 0, stream>>>(p, rows_per_split);
 }
 
 template <class T>
@@ -233,18 +252,12 @@ struct BiasActBackwardFn {
   }
 };
 
-// Blocks of the vectorized backward kernel for an activation that fit one SM of `device`. The
-// 16-bit kernels hold 65-80 registers: 3 blocks, not the 4 a fixed target assumed.
+// Blocks of the vectorized backward kernel that fit one SM of `device` (3 or 4 for 16-bit data).
 template <class T>
 struct BackwardResidentFn {
-  int operator()(int activation, int device) const {
-    int blocks = 1;
-    dispatch_activation(activation, [&](auto kind) {
-      blocks = cached_resident_blocks(
-          reinterpret_cast<const void*>(bias_act_backward_kernel<T, vec_width<T>(), decltype(kind)::value>), kThreads,
-          0, device);
-    });
-    return blocks;
+  int operator()(int activation, bool residual, int device) const {
+    return cached_resident_blocks(reinterpret_cast<const void*>(backward_kernel<T, vec_width<T>()>(activation, residual)),
+                                  kThreads, 0, device);
   }
 };
 
@@ -301,12 +314,12 @@ LaunchResult bias_act_forward(BiasActParams const& p, cudaStream_t stream) {
   return dispatch_dtype<BiasActForwardFn>(p, stream);
 }
 
-int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, int sm_count,
-                                 int device) {
+int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, bool residual,
+                                 int sm_count, int device) {
   const int vec = dtype == DType::kF32 ? 4 : 8;
   const int64_t col_vecs = ceil_div(cols, int64_t(vec));
   const int64_t col_blocks = ceil_div(col_vecs, int64_t(column_block(col_vecs).x));
-  const int resident = call_for_dtype<BackwardResidentFn>(dtype, activation, device);
+  const int resident = call_for_dtype<BackwardResidentFn>(dtype, activation, residual, device);
   const int64_t wave = int64_t(resident) * std::max(sm_count, 1);
   return wave_row_splits(col_blocks, wave, std::max<int64_t>(1, rows / kMinRowsPerSplit));
 }

@@ -54,10 +54,10 @@ struct BiasActBackwardParams {
   int row_splits = 1;             // from bias_act_backward_row_splits()
 };
 
-// Row split of the backward grid that fills one wave of `sm_count` multiprocessors of `device`
-// (the current device) with the kernel of `dtype` and `activation`.
-int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, int sm_count,
-                                 int device);
+// Row split of the backward grid that fills the waves of `sm_count` multiprocessors of `device`
+// (the current device) with the kernel of `dtype`, `activation` and whether a residual is read.
+int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, bool residual,
+                                 int sm_count, int device);
 
 LaunchResult bias_act_backward(BiasActBackwardParams const& p, cudaStream_t stream);
 
