@@ -7,6 +7,7 @@
 #include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "common/resident_blocks.h"
+#include "common/row_splits.h"
 #include "elementwise/column_sums.cuh"
 #include "elementwise/reduce_kernels.h"
 

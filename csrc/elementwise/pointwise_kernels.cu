@@ -8,6 +8,7 @@
 #include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "common/resident_blocks.h"
+#include "common/row_splits.h"
 #include "elementwise/reduce_kernels.h"
 
 namespace cutlass_ext {
