@@ -207,17 +207,18 @@ __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBack
 using BackwardKernel = void (*)(BiasActBackwardParams, int64_t);
 
 // The kernel for an activation. Each thread loads two rows before their math, except for a
-// transcendental activation of 16-bit data without a residual, which loads one: there the math
-// limits the kernel, and one row holds 58-64 registers (4 blocks an SM) where two hold 65-80 (3).
-// On an H200 (bench/NOTES.md section 42) bias+SiLU forward+backward ran 1.10-1.15x faster with one;
-// bias+GELU+residual (a third stream to load) ran 1-2% slower, so it keeps two.
+// transcendental activation of 16-bit data in 16-byte vectors without a residual, which loads
+// one: there the math limits the kernel, and one row holds 58-64 registers (4 blocks an SM) where
+// two hold 65-80 (3). On an H200 (bench/NOTES.md section 42) bias+SiLU forward+backward ran
+// 1.10-1.15x faster with one; bias+GELU+residual (a third stream to load) ran 1-2% slower, so it
+// keeps two, as do the scalar kernels (30-42 registers, not measured with one).
 template <class T, int kVec>
 BackwardKernel backward_kernel(int activation, bool residual) {
   BackwardKernel kernel = nullptr;
   dispatch_activation(activation, [&](auto kind) {
     constexpr int kAct = decltype(kind)::value;
     constexpr bool kTranscendental = kAct != int(Activation::kRelu) && kAct != int(Activation::kNone);
-    if constexpr (kTranscendental && sizeof(T) == 2) {
+    if constexpr (kTranscendental && sizeof(T) == 2 && kVec > 1) {
       kernel = residual ? bias_act_backward_kernel<T, kVec, kAct, 2> : bias_act_backward_kernel<T, kVec, kAct, 1>;
     } else {
       kernel = bias_act_backward_kernel<T, kVec, kAct, 2>;
