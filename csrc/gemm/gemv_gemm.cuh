@@ -25,8 +25,8 @@
 #include "common/activation.h"
 #include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
-#include "gemm/gemm_params.h"
 #include "common/resident_blocks.h"
+#include "gemm/gemm_params.h"
 
 namespace cutlass_ext::gemv {
 

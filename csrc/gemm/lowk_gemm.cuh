@@ -19,9 +19,9 @@
 #include "common/activation.h"
 #include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
+#include "common/resident_blocks.h"
 #include "gemm/gemm_params.h"
 #include "gemm/mma_sync.cuh"
-#include "common/resident_blocks.h"
 
 namespace cutlass_ext::lowk {
 

@@ -398,10 +398,6 @@ def test_matmul(device, dtype_name, case):
         assert_close_to_reference(o, r, p, dtype_name, what=name)
 
 
-# ------------------------------------------------------------------------------------------------
-# _act_grad (the fused activation-backward + bias-gradient op)
-
-
 @requires_cuda
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("rows,k", [(1, 1024), (8, 64), (300, 16), (300, 1024)])
@@ -424,6 +420,10 @@ def test_16bit_epilogue_activations_within_one_unit(dtype_name, act, lo, hi, row
     ref, _ = activation64(act, z.double())
     err = (y.detach().double() - ref).abs() / unit_in_last_place(ref, dtype)
     assert err.max() <= 1.0, f"{act} off by {err.max():.2f} units at z = {z[err.max(0).values.argmax()]:.6g}"
+
+
+# ------------------------------------------------------------------------------------------------
+# _act_grad (the fused activation-backward + bias-gradient op)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 5), (33, 64), (2048, 520), (257, 4097), (5000, 24)])
