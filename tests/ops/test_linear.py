@@ -233,6 +233,20 @@ def few_column_layer(rows, k, n, dtype, x_layout="plain", b_layout="weight_t"):
     return [t.detach().requires_grad_() for t in (x, B, bias)]
 
 
+def few_column_reference(x, B, bias, act, dy):
+    """Float64 gradients of act(x B + bias) for dy (None for the inputs that need none), and the
+    scales their errors are taken against: dW and dbias are sums over all rows of terms of both
+    signs, and with one to a few columns such a sum can cancel to far below its terms' rounding
+    errors (65536 rows of bf16 dZ: a dbias of 9.5 off by 0.2 from rounding alone), so theirs are
+    the terms' size."""
+    ref = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, B, bias)]
+    z = ref[0] @ ref[1] + ref[2]
+    z.retain_grad()
+    act_ref(z, act).backward(dy.double())
+    g = z.grad
+    return [r.grad for r in ref], (None, (ref[0].detach().square().t() @ g.square()).sqrt(), g)
+
+
 def check_few_column_backward(rows, k, n, dtype_name, act, x_layout="plain", b_layout="weight_t"):
     dtype = DTYPES[dtype_name]
     x, B, bias = few_column_layer(rows, k, n, dtype, x_layout, b_layout)
@@ -245,13 +259,7 @@ def check_few_column_backward(rows, k, n, dtype_name, act, x_layout="plain", b_l
         assert sum(FEW_COLUMN_KERNELS[0] in name for name in names) == 1, names
         assert not any(k in name for name in names for k in ("Gemm", "gemm", "act_grad", "sum_partials")), names
         _, peer = grads_of(lambda a, b, c: peer_linear(a, b, c, act), [x, B, bias], dy)
-    _, ref = grads_of(lambda a, b, c: ref_linear(a, b, c, act), [x.double(), B.double(), bias.double()], dy.double())
-    # dW and dbias are sums over all rows of terms of both signs; with one to a few columns such a
-    # sum can cancel to far below its terms' rounding errors (65536 rows of bf16 dZ: a dbias of 9.5
-    # off by 0.2 from rounding alone), so their errors are taken relative to the terms' size.
-    z = (x.detach().double() @ B.detach().double() + bias.detach().double()).requires_grad_()
-    act_ref(z, act).backward(dy.double())
-    scales = (None, (x.detach().double().square().t() @ z.grad.square()).sqrt(), z.grad)
+    ref, scales = few_column_reference(x, B, bias, act, dy)
     for name, o, p, r, scale in zip(("dX", "dW", "dbias"), (x.grad, B.grad, bias.grad), peer, ref, scales):
         assert o.dtype == dtype
         assert_close_to_reference(o, r, p, dtype_name, what=name, scale=scale)
@@ -311,18 +319,11 @@ def test_few_column_backward_computes_only_needed_grads(needs):
     # The second stage runs only for dW or dbias.
     assert sum(FEW_COLUMN_KERNELS[0] in name for name in names) == 1, names
     assert len(names) == 1 + ("b" in wanted or "bias" in wanted), names
-    ref = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, B, bias)]
-    z = ref[0] @ ref[1] + ref[2]
-    z.retain_grad()
-    F.silu(z).backward(dy.double())
-    # dW and dbias are sums over 3000 rows of terms of both signs, and with one column a sum that
-    # cancels to near 0 is the whole tensor: their errors are relative to the terms' size.
-    g = z.grad
-    scales = (None, (ref[0].detach().square().t() @ g.square()).sqrt(), g)
+    ref, scales = few_column_reference(x, B, bias, "silu", dy)
     for ours, r, scale in zip((x, B, bias), ref, scales):
         assert (ours.grad is not None) == ours.requires_grad
         if ours.requires_grad:
-            assert_close_to_reference(ours.grad, r.grad, None, "bf16", scale=scale)
+            assert_close_to_reference(ours.grad, r, None, "bf16", scale=scale)
 
 
 @requires_cuda
