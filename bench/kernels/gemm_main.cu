@@ -1,5 +1,5 @@
 // Times the GEMM variants listed in the generated variants.inc (bench/kernels/README.md).
-// Usage: gemm_variants [--rounds=N] [--only=a,b] [--chain=N] MxNxK ...
+// Usage: gemm_variants [--rounds=N] [--only=a,b] [--chain=N] [--swizzle=S] [--raster=m|n] MxNxK ...
 // Each call follows a 512 MB memset (L2 flushed), events bracket the call alone, and the
 // variants take turns round by round; the median is printed. Every variant is first checked
 // against a float64 reference at 512 sampled outputs.
@@ -7,7 +7,8 @@
 // share), each call on the next of several copies of A and W that together hold at least twice
 // L2, so no call finds its operands in L2: a training step's GEMMs run so, with the GPU busy and
 // its clock held down by power, where one call after an idle flush runs at a higher clock
-// (bench/NOTES.md section 43).
+// (bench/NOTES.md section 43). --swizzle and --raster set the persistent scheduler's tile order
+// (GemmParams::swizzle and ::raster; default 1 and CUTLASS's heuristic).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -54,6 +55,7 @@ static const char* kModeNames[] = {"matmul", "bias+relu", "bias+gelu"};
 int main(int argc, char** argv) {
   int rounds = 30;
   int chain = 0;  // 0: one call a sample; N: N calls back to back a sample, over rotating operand sets
+  int swizzle = 1, raster = 0;
   std::vector<std::string> only;
   std::vector<std::array<int, 3>> shapes;
   for (int i = 1; i < argc; ++i) {
@@ -62,6 +64,10 @@ int main(int argc, char** argv) {
       rounds = std::atoi(a.c_str() + 9);
     } else if (a.rfind("--chain=", 0) == 0) {
       chain = std::atoi(a.c_str() + 8);
+    } else if (a.rfind("--swizzle=", 0) == 0) {
+      swizzle = std::atoi(a.c_str() + 10);
+    } else if (a == "--raster=m" || a == "--raster=n") {
+      raster = a.back() == 'm' ? 1 : 2;
     } else if (a.rfind("--only=", 0) == 0) {
       std::string s = a.substr(7) + ",";
       for (size_t p; (p = s.find(',')) != std::string::npos; s = s.substr(p + 1)) only.push_back(s.substr(0, p));
@@ -129,7 +135,8 @@ int main(int argc, char** argv) {
         p.D = D, p.d_stride_m = N;
         p.bias = mode > 0 ? bias : nullptr;
         p.activation = mode;  // cutlass_ext::Activation: 0 none, 1 relu, 2 gelu
-        p.device = 0, p.sm_count = prop.multiProcessorCount, p.swizzle = 1;
+        p.device = 0, p.sm_count = prop.multiProcessorCount, p.swizzle = swizzle;
+        p.raster = raster;
         p.max_active_clusters = entries[v].clusters();
         const size_t need = entries[v].workspace(p);
         if (need > workspace_bytes) {

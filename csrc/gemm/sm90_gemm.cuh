@@ -186,6 +186,10 @@ struct GemmBundle {
     args.hw_info.sm_count = p.sm_count;
     args.hw_info.max_active_clusters = p.max_active_clusters;
     args.scheduler.max_swizzle_size = p.swizzle;
+    using RasterOptions = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
+    args.scheduler.raster_order = p.raster == 1   ? RasterOptions::AlongM
+                                  : p.raster == 2 ? RasterOptions::AlongN
+                                                  : RasterOptions::Heuristic;
     if constexpr (kStreamK) {
       // The binding picks the split count (split_k_factor); CUTLASS's own stream-K heuristic can
       // cut a few long-K tiles into ~one piece per SM, whose deterministic fix-up is a serial chain.
