@@ -97,10 +97,7 @@ struct Variant {
     args.hw_info.sm_count = p.sm_count;
     args.hw_info.max_active_clusters = p.max_active_clusters;
     args.scheduler.max_swizzle_size = p.swizzle;
-    using RasterOptions = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
-    args.scheduler.raster_order = p.raster == 1   ? RasterOptions::AlongM
-                                  : p.raster == 2 ? RasterOptions::AlongN
-                                                  : RasterOptions::Heuristic;
+    args.scheduler.raster_order = sm90::raster_order(p.raster);
     return args;
   }
 };

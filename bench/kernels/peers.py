@@ -48,8 +48,15 @@ def gemm(shape: str, rounds: int, chain: int = 0) -> None:
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         operand_bytes = (M + N) * K * 2
         sets += [(A.clone(), W.clone()) for _ in range(max(2, -(-2 * l2 // operand_bytes)) - 1)]
-    fns = {"cublas_matmul": lambda i: torch.mm(sets[i % len(sets)][0], sets[i % len(sets)][1].t()),
-           "cublaslt_bias_relu": lambda i: torch._addmm_activation(bias, sets[i % len(sets)][0], sets[i % len(sets)][1].t())}
+    def matmul(i):
+        a, w = sets[i % len(sets)]
+        return torch.mm(a, w.t())
+
+    def bias_relu(i):
+        a, w = sets[i % len(sets)]
+        return torch._addmm_activation(bias, a, w.t())
+
+    fns = {"cublas_matmul": matmul, "cublaslt_bias_relu": bias_relu}
     label = " a call, chained" if chain > 0 else ""
     for name, us in median_us(fns, rounds, max(chain, 1)).items():
         print(f"{shape} {name:20s} {us:8.1f} us {2 * M * N * K / us * 1e-6:6.0f} TFLOP/s{label}")
