@@ -1,12 +1,21 @@
 // Times the GEMM variants listed in the generated variants.inc (bench/kernels/README.md).
-// Usage: gemm_variants [--rounds=N] [--only=a,b] MxNxK ...
+// Usage: gemm_variants [--rounds=N] [--only=a,b] [--chain=N] [--swizzle=S] [--raster=m|n] MxNxK ...
 // Each call follows a 512 MB memset (L2 flushed), events bracket the call alone, and the
 // variants take turns round by round; the median is printed. Every variant is first checked
 // against a float64 reference at 512 sampled outputs.
+// --chain=N times N calls back to back after each flush instead (the time printed is a call's
+// share), each call on the next of several copies of A and W that together hold at least twice
+// L2, so no call finds its operands in L2: a training step's GEMMs run so, with the GPU busy and
+// its clock held down by power, where one call after an idle flush runs at a higher clock
+// (bench/NOTES.md section 43). --swizzle and --raster set the persistent scheduler's tile order
+// (GemmParams::swizzle and ::raster; default 1 and CUTLASS's heuristic).
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench_common.cuh"
 #include "gemm/gemm_params.h"
@@ -45,12 +54,20 @@ static const char* kModeNames[] = {"matmul", "bias+relu", "bias+gelu"};
 
 int main(int argc, char** argv) {
   int rounds = 30;
+  int chain = 0;  // 0: one call a sample; N: N calls back to back a sample, over rotating operand sets
+  int swizzle = 1, raster = 0;
   std::vector<std::string> only;
   std::vector<std::array<int, 3>> shapes;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--rounds=", 0) == 0) {
       rounds = std::atoi(a.c_str() + 9);
+    } else if (a.rfind("--chain=", 0) == 0) {
+      chain = std::atoi(a.c_str() + 8);
+    } else if (a.rfind("--swizzle=", 0) == 0) {
+      swizzle = std::atoi(a.c_str() + 10);
+    } else if (a == "--raster=m" || a == "--raster=n") {
+      raster = a.back() == 'm' ? 1 : 2;
     } else if (a.rfind("--only=", 0) == 0) {
       std::string s = a.substr(7) + ",";
       for (size_t p; (p = s.find(',')) != std::string::npos; s = s.substr(p + 1)) only.push_back(s.substr(0, p));
@@ -89,6 +106,20 @@ int main(int argc, char** argv) {
     KB_CHECK_CUDA(cudaMemcpy(hA.data(), A, hA.size() * 2, cudaMemcpyDeviceToHost));
     KB_CHECK_CUDA(cudaMemcpy(hW.data(), W, hW.size() * 2, cudaMemcpyDeviceToHost));
     KB_CHECK_CUDA(cudaMemcpy(hbias.data(), bias, hbias.size() * 2, cudaMemcpyDeviceToHost));
+    // Copies of A and W for --chain: enough that a call's operands left L2 several calls ago.
+    std::vector<std::pair<__nv_bfloat16*, __nv_bfloat16*>> sets{{A, W}};
+    if (chain > 0) {
+      const size_t operand_bytes = (size_t(M) + N) * K * 2;
+      const size_t wanted = std::max<size_t>(2, (2 * size_t(prop.l2CacheSize) + operand_bytes - 1) / operand_bytes);
+      while (sets.size() < wanted) {
+        __nv_bfloat16 *a2, *w2;
+        KB_CHECK_CUDA(cudaMalloc(&a2, size_t(M) * K * 2));
+        KB_CHECK_CUDA(cudaMalloc(&w2, size_t(N) * K * 2));
+        KB_CHECK_CUDA(cudaMemcpy(a2, A, size_t(M) * K * 2, cudaMemcpyDeviceToDevice));
+        KB_CHECK_CUDA(cudaMemcpy(w2, W, size_t(N) * K * 2, cudaMemcpyDeviceToDevice));
+        sets.push_back({a2, w2});
+      }
+    }
     std::mt19937 rng(7);
     std::vector<std::pair<int, int>> samples;
     for (int s = 0; s < 512; ++s) samples.push_back({int(rng() % M), int(rng() % N)});
@@ -104,7 +135,8 @@ int main(int argc, char** argv) {
         p.D = D, p.d_stride_m = N;
         p.bias = mode > 0 ? bias : nullptr;
         p.activation = mode;  // cutlass_ext::Activation: 0 none, 1 relu, 2 gelu
-        p.device = 0, p.sm_count = prop.multiProcessorCount, p.swizzle = 1;
+        p.device = 0, p.sm_count = prop.multiProcessorCount, p.swizzle = swizzle;
+        p.raster = raster;
         p.max_active_clusters = entries[v].clusters();
         const size_t need = entries[v].workspace(p);
         if (need > workspace_bytes) {
@@ -140,15 +172,32 @@ int main(int argc, char** argv) {
       for (int r = 0; r < rounds; ++r) {
         for (size_t v = 0; v < entries.size(); ++v) {
           if (!runs_mode(entries[v].kind(), mode)) continue;
-          times[v].push_back(timer.time_us([&] { entries[v].run(params[v], workspace, nullptr); }, r));
+          if (chain == 0) {
+            times[v].push_back(timer.time_us([&] { entries[v].run(params[v], workspace, nullptr); }, r));
+            continue;
+          }
+          GemmParams p = params[v];
+          const float total = timer.time_us([&] {
+            for (int c = 0; c < chain; ++c) {
+              p.A = sets[c % sets.size()].first;
+              p.B = sets[c % sets.size()].second;
+              entries[v].run(p, workspace, nullptr);
+            }
+          }, r);
+          times[v].push_back(total / chain);
         }
       }
       for (size_t v = 0; v < entries.size(); ++v) {
         if (times[v].empty()) continue;
         const auto [median, fastest] = kernel_bench::median_min(times[v]);
-        std::printf("%dx%dx%d %-9s %-16s %8.1f us %6.0f TFLOP/s (min %.1f)\n", M, N, K, kModeNames[mode],
-                    entries[v].name, median, 2.0 * M * N * K / median * 1e-6, fastest);
+        std::printf("%dx%dx%d %-9s %-16s %8.1f us %6.0f TFLOP/s (min %.1f)%s\n", M, N, K, kModeNames[mode],
+                    entries[v].name, median, 2.0 * M * N * K / median * 1e-6, fastest,
+                    chain > 0 ? " a call, chained" : "");
       }
+    }
+    for (size_t i = 1; i < sets.size(); ++i) {
+      KB_CHECK_CUDA(cudaFree(sets[i].first));
+      KB_CHECK_CUDA(cudaFree(sets[i].second));
     }
     KB_CHECK_CUDA(cudaFree(A));
     KB_CHECK_CUDA(cudaFree(W));

@@ -97,6 +97,7 @@ struct Variant {
     args.hw_info.sm_count = p.sm_count;
     args.hw_info.max_active_clusters = p.max_active_clusters;
     args.scheduler.max_swizzle_size = p.swizzle;
+    args.scheduler.raster_order = sm90::raster_order(p.raster);
     return args;
   }
 };

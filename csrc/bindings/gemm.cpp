@@ -233,6 +233,12 @@ GemmOptions gemm_options() {
              "CUTLASS_EXT_GEMM_SWIZZLE=", s, " must be 1, 2, 4 or 8 (or 0 for the heuristic)");
     o.swizzle = std::stoi(s);
   }
+  if (const char* v = std::getenv("CUTLASS_EXT_GEMM_RASTER")) {
+    const std::string s(v);
+    CE_CHECK(s.empty() || s == "along_m" || s == "along_n", "CUTLASS_EXT_GEMM_RASTER=", s,
+             " must be along_m or along_n (or unset for CUTLASS's heuristic)");
+    o.raster = s == "along_m" ? 1 : s == "along_n" ? 2 : 0;
+  }
   return o;
 }
 
@@ -695,6 +701,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   p.device = device;
   p.sm_count = sm_count(device);
   p.swizzle = opts.swizzle > 0 ? opts.swizzle : 1;
+  p.raster = opts.raster;
   const cudaStream_t stream = current_stream(a.device());
   // The operands and split count for one kernel (a transposed kernel computes D^T = B^T A^T:
   // D, C and Aux keep their row-major storage and are read column-major).

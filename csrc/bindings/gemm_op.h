@@ -15,6 +15,7 @@ struct GemmOptions {
   bool exact_f32 = false;  // fp32 on the FMA units (precision "highest") rather than TF32
   std::string config;      // CUTLASS_EXT_GEMM_CONFIG: force one config by name
   int swizzle = 0;         // CUTLASS_EXT_GEMM_SWIZZLE: 1, 2, 4 or 8; 0 = heuristic
+  int raster = 0;          // CUTLASS_EXT_GEMM_RASTER: along_m (1) or along_n (2); 0 = CUTLASS's heuristic
   int gemm_arch = 0;       // CUTLASS_EXT_GEMM_ARCH: 90 or 80 (Ampere kernels, also on Hopper); 0 = the GPU's
 };
 

@@ -47,6 +47,9 @@ struct GemmParams {
   // for CUTLASS's stream-K decomposition (the last partial wave's K loops spread over every SM).
   int splits = 1;
   int swizzle = 1;  // tile-rasterization swizzle (1, 2, 4 or 8): tiles that share operands run together
+  // Tile order of the persistent scheduler: 0 CUTLASS's heuristic (along N unless the product has
+  // more column tiles than row tiles), 1 along M, 2 along N.
+  int raster = 0;
   // Clusters of the kernel that fit on the device at once (its entry's active_clusters), or 0
   // when it does not run in clusters of more than one CTA: the persistent grid is sized to them.
   int max_active_clusters = 0;

@@ -49,6 +49,12 @@ struct Pingpong {
 using PersistentScheduler = cutlass::gemm::PersistentScheduler;
 using StreamKScheduler = cutlass::gemm::StreamKScheduler;
 
+// The persistent scheduler's tile order for GemmParams::raster (0 heuristic, 1 along M, 2 along N).
+inline cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions raster_order(int raster) {
+  using Options = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::RasterOrderOptions;
+  return raster == 1 ? Options::AlongM : raster == 2 ? Options::AlongN : Options::Heuristic;
+}
+
 // Sets the run-time modes of a CuTe stride (static modes such as _1 or _0 are left alone).
 template <class Stride>
 Stride make_stride3(int64_t s0, int64_t s1, int64_t s2) {
@@ -186,6 +192,7 @@ struct GemmBundle {
     args.hw_info.sm_count = p.sm_count;
     args.hw_info.max_active_clusters = p.max_active_clusters;
     args.scheduler.max_swizzle_size = p.swizzle;
+    args.scheduler.raster_order = raster_order(p.raster);
     if constexpr (kStreamK) {
       // The binding picks the split count (split_k_factor); CUTLASS's own stream-K heuristic can
       // cut a few long-K tiles into ~one piece per SM, whose deterministic fix-up is a serial chain.

@@ -2,7 +2,7 @@
 instead), the loader that routes first CUDA calls to it, and the reference kernels' compute dtype.
 
 The fp32 precision policy (TF32 unless torch.get_float32_matmul_precision() == "highest") and the
-GEMM config overrides (CUTLASS_EXT_GEMM_CONFIG, CUTLASS_EXT_GEMM_SWIZZLE) are read by the CUDA
+GEMM config overrides (CUTLASS_EXT_GEMM_CONFIG, CUTLASS_EXT_GEMM_SWIZZLE, CUTLASS_EXT_GEMM_RASTER) are read by the CUDA
 kernels themselves, at call time."""
 
 from __future__ import annotations

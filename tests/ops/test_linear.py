@@ -1314,6 +1314,34 @@ def test_gemm_arch_setting_is_checked(monkeypatch):
 
 @requires_cuda
 @requires_sm90_path
+@pytest.mark.parametrize("swizzle", ["1", "8"])
+@pytest.mark.parametrize("raster", ["along_m", "along_n"])
+def test_tile_order_settings(monkeypatch, swizzle, raster):
+    # The persistent scheduler's tile order (bench/NOTES.md section 43) changes which tile runs
+    # when, never the result: a product of 12 x 20 tiles with a partial edge, bias and GELU.
+    A = rand(12 * 128 - 5, 256, device="cuda", dtype=torch.bfloat16)
+    B = make_b(256, 20 * 128 - 3, "weight_t", "cuda", torch.bfloat16)
+    bias = rand(20 * 128 - 3, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_SWIZZLE", swizzle)
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_RASTER", raster)
+    y = cutlass_ext.linear(A, B, bias, activation="gelu")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), peer_linear(A, B, bias, "gelu"), "bf16")
+
+
+@requires_cuda
+def test_tile_order_settings_are_checked(monkeypatch):
+    A = rand(16, 32, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_RASTER", "diagonal")
+    with pytest.raises(RuntimeError, match="CUTLASS_EXT_GEMM_RASTER=diagonal must be along_m or along_n"):
+        cutlass_ext.linear(A, A.t())
+    monkeypatch.delenv("CUTLASS_EXT_GEMM_RASTER")
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_SWIZZLE", "3")
+    with pytest.raises(RuntimeError, match="CUTLASS_EXT_GEMM_SWIZZLE=3 must be 1, 2, 4 or 8"):
+        cutlass_ext.linear(A, A.t())
+
+
+@requires_cuda
+@requires_sm90_path
 @pytest.mark.parametrize("m", [1, 40, 700])
 def test_tf32_n_major_b_needs_no_copy(m):
     # fp32 A @ B with a row-major [K, N] B: the transposed TF32 kernels (from 9 rows) or the
