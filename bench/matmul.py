@@ -9,6 +9,12 @@ Writes bench/results/matmul-<device>.json; ratios are cuBLAS time / ours (>1: we
     python bench/matmul.py
     python bench/matmul.py --dtypes bf16 --sets square
     python bench/matmul.py --graphs          # CUDA-graph replays: the GPU time without the host's
+    python bench/matmul.py --graphs --chain 20   # 20 products back to back a sample (a call's share)
+
+--chain N times N products back to back after each flush, each on the next of several copies of
+the operands that together hold at least twice L2, and reports a call's share: the regime of a
+training step, where the GPU stays busy and power holds its clock below the boost that one call
+after an idle flush gets (bench/NOTES.md sections 43-44). Both providers take turns as always.
 """
 
 from __future__ import annotations
@@ -36,8 +42,28 @@ def shape_sets():
     return {"square": square, "llm": llm, "batched": batched, "small": small}
 
 
-def providers(a, b, config):
-    return {"cutlass_ext": lambda: cutlass_ext.matmul(a, b, config=config), "cublas": lambda: torch.matmul(a, b)}
+def products(config) -> dict:
+    return {"cutlass_ext": lambda a, b: cutlass_ext.matmul(a, b, config=config), "cublas": torch.matmul}
+
+
+def operand_copies(a, b) -> list:
+    """(a, b) and fresh copies of them, enough that together they hold twice L2: in a chain of
+    products over them in turn, no product finds its operands in L2 from an earlier one."""
+    l2 = torch.cuda.get_device_properties(a.device).L2_cache_size
+    per_set = a.numel() * a.element_size() + b.numel() * b.element_size()
+    count = max(2, -(-2 * l2 // per_set))
+    return [(a, b)] + [(a.clone(), b.clone()) for _ in range(count - 1)]
+
+
+def chained(fns: dict, chain: int, sets: list) -> dict:
+    """Each provider as ``chain`` products back to back over the operand sets in turn (one
+    product of the first set for chain = 1)."""
+    def run(fn):
+        def go():
+            for i in range(chain):
+                fn(*sets[i % len(sets)])
+        return go
+    return {name: run(fn) for name, fn in fns.items()}
 
 
 def main(argv=None) -> int:
@@ -47,6 +73,8 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
+    parser.add_argument("--chain", type=int, default=0,
+                        help="time this many products back to back over rotating operand copies (0: one)")
     parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
                         help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
     parser.add_argument("--out", default=None)
@@ -63,13 +91,16 @@ def main(argv=None) -> int:
                 lead = (batch,) if batch else ()
                 a = torch.randn(*lead, m, k, device="cuda", dtype=dtype)
                 b = torch.randn(*lead, k, n, device="cuda", dtype=dtype) / k**0.5
-                cases = providers(a, b, args.config)
+                sets = operand_copies(a, b) if args.chain > 0 else [(a, b)]
+                cases = chained(products(args.config), max(args.chain, 1), sets)
                 with torch.no_grad():
                     if args.graphs:
                         cases = {name: graphed(name, fn) for name, fn in cases.items()}
                     if None in cases.values():  # graphed() said which provider could not be captured
                         continue
                     times = timer.median_us_many(cases)
+                    if args.chain > 0:
+                        times = {name: t / args.chain for name, t in times.items()}
                 flops = 2 * max(batch, 1) * m * n * k
                 ratio = times["cublas"] / times["cutlass_ext"]
                 rows.append({"dtype": dtype_name, "set": set_name, "batch": batch, "M": m, "K": k, "N": n,
@@ -78,7 +109,7 @@ def main(argv=None) -> int:
                 print(f"{set_name:8s} {batch:3d} {m:6d} {k:6d} {n:6d}  ours {times['cutlass_ext']:9.1f}  "
                       f"cublas {times['cublas']:9.1f}  ({ratio:4.2f})  {flops / times['cutlass_ext'] / 1e6:6.1f}",
                       flush=True)
-                del a, b, cases
+                del a, b, sets, cases
     summary = {}
     for dtype_name in args.dtypes.split(","):
         mine = [r for r in rows if r["dtype"] == dtype_name]
@@ -91,6 +122,7 @@ def main(argv=None) -> int:
         print(f"{dtype_name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS; min at >= 4096^3: "
               f"{s['min_at_4096_cubed_and_up']}; shapes below 1.0x: {len(s['misses'])}")
     path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "flush": args.flush,
+                                    "chain": args.chain,
                                     "rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0

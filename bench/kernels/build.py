@@ -120,7 +120,7 @@ def build_gemm(nvcc: list[str], out: Path, jobs: int, only: list[str] | None = N
     main_obj = gen / "gemm_main.o"
     run([*nvcc, f"-I{gen}", "-c", str(HERE / "gemm_main.cu"), "-o", str(main_obj)])
     run([nvcc[0], "-gencode=arch=compute_90a,code=sm_90a", "-cudart", "static", str(main_obj),
-         *[str(u.with_suffix(".o")) for u in units], "-o", str(binary)])
+         *[str(u.with_suffix(".o")) for u in units], "-ldl", "-o", str(binary)])
     return binary
 
 

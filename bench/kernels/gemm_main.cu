@@ -1,5 +1,5 @@
 // Times the GEMM variants listed in the generated variants.inc (bench/kernels/README.md).
-// Usage: gemm_variants [--rounds=N] [--only=a,b] [--chain=N] [--swizzle=S] [--raster=m|n] MxNxK ...
+// Usage: gemm_variants [--rounds=N] [--only=a,b] [--chain=N] [--swizzle=S] [--raster=h,m,n] [--cublas=PATH] MxNxK ...
 // Each call follows a 512 MB memset (L2 flushed), events bracket the call alone, and the
 // variants take turns round by round; the median is printed. Every variant is first checked
 // against a float64 reference at 512 sampled outputs.
@@ -8,7 +8,10 @@
 // L2, so no call finds its operands in L2: a training step's GEMMs run so, with the GPU busy and
 // its clock held down by power, where one call after an idle flush runs at a higher clock
 // (bench/NOTES.md section 43). --swizzle and --raster set the persistent scheduler's tile order
-// (GemmParams::swizzle and ::raster; default 1 and CUTLASS's heuristic).
+// (GemmParams::swizzle and ::raster; default 1 and CUTLASS's heuristic). --raster takes a list of
+// h (heuristic), m (along M) and n (along N): each variant then runs once per order, as separate
+// entries (name/order) that take turns with the others, so the orders are compared in one run.
+// --cublas=PATH adds cuBLAS's product (cublas_peer.h) as one more entry, matmul mode only.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "bench_common.cuh"
+#include "cublas_peer.h"
 #include "gemm/gemm_params.h"
 
 using cutlass_ext::GemmParams;
@@ -47,6 +51,18 @@ static const Entry kEntries[] = {
 };
 #undef KERNEL_BENCH
 
+static kernel_bench::CublasPeer g_cublas;
+static const Entry kCublasEntry{
+    "cublas",
+    [](GemmParams const&) -> size_t { return 0; },
+    [](GemmParams const& p, void*, cudaStream_t) -> LaunchResult {
+      const int status = g_cublas.run(p);
+      return status == 0 ? LaunchResult{} : LaunchResult{"cublasGemmEx", "returned an error status"};
+    },
+    [] { return 0; },
+    [] { std::printf("cublas: cublasGemmEx, bf16, fp32 accumulation, its default algorithm\n"); },
+    [] { return 1; }};
+
 // Modes: 0 = matmul (no bias, no activation), 1 = bias + ReLU, 2 = bias + GELU. A variant with a
 // fixed epilogue runs its own mode only (kind 1: plain, 2: ReLU, 3: GELU; 0: runtime, all).
 static bool runs_mode(int kind, int mode) { return kind == 0 || (kind == 1 && mode == 0) || kind - 1 == mode; }
@@ -55,8 +71,10 @@ static const char* kModeNames[] = {"matmul", "bias+relu", "bias+gelu"};
 int main(int argc, char** argv) {
   int rounds = 30;
   int chain = 0;  // 0: one call a sample; N: N calls back to back a sample, over rotating operand sets
-  int swizzle = 1, raster = 0;
+  int swizzle = 1;
+  std::vector<int> rasters{0};  // GemmParams::raster values, one entry each per variant
   std::vector<std::string> only;
+  std::string cublas_path;
   std::vector<std::array<int, 3>> shapes;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -66,8 +84,18 @@ int main(int argc, char** argv) {
       chain = std::atoi(a.c_str() + 8);
     } else if (a.rfind("--swizzle=", 0) == 0) {
       swizzle = std::atoi(a.c_str() + 10);
-    } else if (a == "--raster=m" || a == "--raster=n") {
-      raster = a.back() == 'm' ? 1 : 2;
+    } else if (a.rfind("--raster=", 0) == 0) {
+      rasters.clear();
+      for (const char c : a.substr(9)) {
+        if (c == ',') continue;
+        if (c != 'h' && c != 'm' && c != 'n') {
+          std::printf("--raster: expected a list of h, m and n, got %s\n", a.c_str());
+          return 2;
+        }
+        rasters.push_back(c == 'h' ? 0 : c == 'm' ? 1 : 2);
+      }
+    } else if (a.rfind("--cublas=", 0) == 0) {
+      cublas_path = a.substr(9);
     } else if (a.rfind("--only=", 0) == 0) {
       std::string s = a.substr(7) + ",";
       for (size_t p; (p = s.find(',')) != std::string::npos; s = s.substr(p + 1)) only.push_back(s.substr(0, p));
@@ -81,11 +109,24 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Entry> entries;
+  std::vector<int> entry_raster;
+  std::vector<std::string> labels;
   for (const Entry& e : kEntries) {
     if (only.empty() || std::find(only.begin(), only.end(), e.name) != only.end()) {
-      entries.push_back(e);
       e.describe();
+      for (const int r : rasters) {
+        entries.push_back(e);
+        entry_raster.push_back(r);
+        labels.push_back(rasters.size() == 1 ? std::string(e.name) : std::string(e.name) + "/" + "hmn"[r]);
+      }
     }
+  }
+  if (!cublas_path.empty()) {
+    if (!g_cublas.open(cublas_path.c_str())) return 2;
+    kCublasEntry.describe();
+    entries.push_back(kCublasEntry);
+    entry_raster.push_back(0);
+    labels.push_back("cublas");
   }
   cudaDeviceProp prop;
   KB_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -136,7 +177,7 @@ int main(int argc, char** argv) {
         p.bias = mode > 0 ? bias : nullptr;
         p.activation = mode;  // cutlass_ext::Activation: 0 none, 1 relu, 2 gelu
         p.device = 0, p.sm_count = prop.multiProcessorCount, p.swizzle = swizzle;
-        p.raster = raster;
+        p.raster = entry_raster[v];
         p.max_active_clusters = entries[v].clusters();
         const size_t need = entries[v].workspace(p);
         if (need > workspace_bytes) {
@@ -147,7 +188,7 @@ int main(int argc, char** argv) {
         KB_CHECK_CUDA(cudaMemset(D, 0xff, size_t(M) * N * 2));  // NaN: an unwritten output fails the check
         const LaunchResult r = entries[v].run(p, workspace, nullptr);
         if (!r.ok()) {
-          std::printf("%s: %s failed: %s\n", entries[v].name, r.stage, r.detail);
+          std::printf("%s: %s failed: %s\n", labels[v].c_str(), r.stage, r.detail);
           return 1;
         }
         KB_CHECK_CUDA(cudaDeviceSynchronize());
@@ -165,7 +206,7 @@ int main(int argc, char** argv) {
           worst = std::isnan(err) ? 1e9 : std::max(worst, err);
         }
         if (worst > 0.02) {
-          std::printf("%s (%s): wrong result, worst relative error %.4f\n", entries[v].name, kModeNames[mode], worst);
+          std::printf("%s (%s): wrong result, worst relative error %.4f\n", labels[v].c_str(), kModeNames[mode], worst);
           return 1;
         }
       }
@@ -191,7 +232,7 @@ int main(int argc, char** argv) {
         if (times[v].empty()) continue;
         const auto [median, fastest] = kernel_bench::median_min(times[v]);
         std::printf("%dx%dx%d %-9s %-16s %8.1f us %6.0f TFLOP/s (min %.1f)%s\n", M, N, K, kModeNames[mode],
-                    entries[v].name, median, 2.0 * M * N * K / median * 1e-6, fastest,
+                    labels[v].c_str(), median, 2.0 * M * N * K / median * 1e-6, fastest,
                     chain > 0 ? " a call, chained" : "");
       }
     }

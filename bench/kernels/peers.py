@@ -5,6 +5,8 @@ a 512 MB fill of a flush buffer, events around the call alone, median over the r
     python bench/kernels/peers.py gemm --chain 20 4096x4096x4096 # 20 calls back to back a sample
     python bench/kernels/peers.py layer_norm 65536x512 ...      # torch eager and torch.compile
     python bench/kernels/peers.py add 134217728 ...             # a + b: eager, torch.compile; x.copy_
+    python bench/kernels/peers.py cublas-path                   # the libcublas torch loads, for
+                                                                # gemm_variants --cublas=PATH
 """
 
 from __future__ import annotations
@@ -87,13 +89,32 @@ def add(shape: str, rounds: int) -> None:
         print(f"n={n} {name:8s} {us:8.1f} us {moved / us * 1e-3:6.0f} GB/s")
 
 
+def cublas_path() -> str:
+    """The file of the libcublas this process's torch calls (read from /proc/self/maps after a
+    product on the GPU has loaded it)."""
+    a = torch.ones(16, 16, device="cuda", dtype=torch.bfloat16)
+    torch.mm(a, a)
+    torch.cuda.synchronize()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "/libcublas.so" in path:
+                return path
+    raise SystemExit("cublas-path: torch's product loaded no libcublas.so (a CPU build of torch?)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["gemm", "layer_norm", "add"])
-    parser.add_argument("shapes", nargs="+")
+    parser.add_argument("what", choices=["gemm", "layer_norm", "add", "cublas-path"])
+    parser.add_argument("shapes", nargs="*")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--chain", type=int, default=0, help="gemm: calls back to back a sample (0: one)")
     args = parser.parse_args()
+    if args.what == "cublas-path":
+        print(cublas_path())
+        return
+    if not args.shapes:
+        parser.error(f"{args.what}: give at least one shape")
     print("device", torch.cuda.get_device_name(), "torch", torch.__version__)
     for shape in args.shapes:
         if args.what == "gemm":
