@@ -91,8 +91,8 @@ def main(argv=None) -> int:
                 lead = (batch,) if batch else ()
                 a = torch.randn(*lead, m, k, device="cuda", dtype=dtype)
                 b = torch.randn(*lead, k, n, device="cuda", dtype=dtype) / k**0.5
-                sets = operand_copies(a, b) if args.chain > 0 else [(a, b)]
-                cases = chained(products(args.config), max(args.chain, 1), sets)
+                operands = operand_copies(a, b) if args.chain > 0 else [(a, b)]
+                cases = chained(products(args.config), max(args.chain, 1), operands)
                 with torch.no_grad():
                     if args.graphs:
                         cases = {name: graphed(name, fn) for name, fn in cases.items()}
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                 print(f"{set_name:8s} {batch:3d} {m:6d} {k:6d} {n:6d}  ours {times['cutlass_ext']:9.1f}  "
                       f"cublas {times['cublas']:9.1f}  ({ratio:4.2f})  {flops / times['cutlass_ext'] / 1e6:6.1f}",
                       flush=True)
-                del a, b, sets, cases
+                del a, b, operands, cases
     summary = {}
     for dtype_name in args.dtypes.split(","):
         mine = [r for r in rows if r["dtype"] == dtype_name]
