@@ -1,5 +1,6 @@
 // Times the GEMM variants listed in the generated variants.inc (bench/kernels/README.md).
-// Usage: gemm_variants [--rounds=N] [--only=a,b] [--chain=N] [--swizzle=S] [--raster=h,m,n] [--cublas=PATH] MxNxK ...
+// Usage: gemm_variants [--rounds=N] [--only=a,b] [--chain=N] [--swizzle=S] [--raster=h,m,n] [--cublas=PATH]
+//                     [--sustain=MS] [--matmul-only] MxNxK ...
 // Each call follows a 512 MB memset (L2 flushed), events bracket the call alone, and the
 // variants take turns round by round; the median is printed. Every variant is first checked
 // against a float64 reference at 512 sampled outputs.
@@ -12,8 +13,13 @@
 // h (heuristic), m (along M) and n (along N): each variant then runs once per order, as separate
 // entries (name/order) that take turns with the others, so the orders are compared in one run.
 // --cublas=PATH adds cuBLAS's product (cublas_peer.h) as one more entry, matmul mode only.
+// Taking turns, each entry's samples run right after another entry's: where power holds the
+// clock down, an entry that draws less is timed in the heat of the others. --sustain=MS times
+// each entry in a block of its own instead: MS milliseconds of untimed samples, then its
+// rounds; the entries in order and then in reverse. --matmul-only skips the bias modes.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <string>
@@ -63,6 +69,11 @@ static const Entry kCublasEntry{
     [] { std::printf("cublas: cublasGemmEx, bf16, fp32 accumulation, its default algorithm\n"); },
     [] { return 1; }};
 
+static double seconds_since_start() {
+  static const auto start = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // Modes: 0 = matmul (no bias, no activation), 1 = bias + ReLU, 2 = bias + GELU. A variant with a
 // fixed epilogue runs its own mode only (kind 1: plain, 2: ReLU, 3: GELU; 0: runtime, all).
 static bool runs_mode(int kind, int mode) { return kind == 0 || (kind == 1 && mode == 0) || kind - 1 == mode; }
@@ -72,6 +83,8 @@ int main(int argc, char** argv) {
   int rounds = 30;
   int chain = 0;  // 0: one call a sample; N: N calls back to back a sample, over rotating operand sets
   int swizzle = 1;
+  int sustain_ms = 0;  // 0: entries take turns round by round; > 0: blocks of one entry (see below)
+  bool matmul_only = false;
   std::vector<int> rasters{0};  // GemmParams::raster values, one entry each per variant
   std::vector<std::string> only;
   std::string cublas_path;
@@ -94,6 +107,10 @@ int main(int argc, char** argv) {
         }
         rasters.push_back(c == 'h' ? 0 : c == 'm' ? 1 : 2);
       }
+    } else if (a.rfind("--sustain=", 0) == 0) {
+      sustain_ms = std::atoi(a.c_str() + 10);
+    } else if (a == "--matmul-only") {
+      matmul_only = true;
     } else if (a.rfind("--cublas=", 0) == 0) {
       cublas_path = a.substr(9);
     } else if (a.rfind("--only=", 0) == 0) {
@@ -164,7 +181,7 @@ int main(int argc, char** argv) {
     std::mt19937 rng(7);
     std::vector<std::pair<int, int>> samples;
     for (int s = 0; s < 512; ++s) samples.push_back({int(rng() % M), int(rng() % N)});
-    for (int mode = 0; mode < 3; ++mode) {
+    for (int mode = 0; mode < (matmul_only ? 1 : 3); ++mode) {
       std::vector<GemmParams> params(entries.size());
       std::vector<std::vector<float>> times(entries.size());
       for (size_t v = 0; v < entries.size(); ++v) {
@@ -210,22 +227,40 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      for (int r = 0; r < rounds; ++r) {
-        for (size_t v = 0; v < entries.size(); ++v) {
-          if (!runs_mode(entries[v].kind(), mode)) continue;
-          if (chain == 0) {
-            times[v].push_back(timer.time_us([&] { entries[v].run(params[v], workspace, nullptr); }, r));
-            continue;
+      // One sample of entry v: a flush, then one call or a chain of calls.
+      auto sample = [&](size_t v, int r) {
+        if (chain == 0) return timer.time_us([&] { entries[v].run(params[v], workspace, nullptr); }, r);
+        GemmParams p = params[v];
+        const float total = timer.time_us([&] {
+          for (int c = 0; c < chain; ++c) {
+            p.A = sets[c % sets.size()].first;
+            p.B = sets[c % sets.size()].second;
+            entries[v].run(p, workspace, nullptr);
           }
-          GemmParams p = params[v];
-          const float total = timer.time_us([&] {
-            for (int c = 0; c < chain; ++c) {
-              p.A = sets[c % sets.size()].first;
-              p.B = sets[c % sets.size()].second;
-              entries[v].run(p, workspace, nullptr);
-            }
-          }, r);
-          times[v].push_back(total / chain);
+        }, r);
+        return total / chain;
+      };
+      if (sustain_ms == 0) {
+        for (int r = 0; r < rounds; ++r) {
+          for (size_t v = 0; v < entries.size(); ++v) {
+            if (runs_mode(entries[v].kind(), mode)) times[v].push_back(sample(v, r));
+          }
+        }
+      } else {
+        // Blocks: each entry alone for sustain_ms untimed and then its rounds, the entries in order
+        // and then again in reverse; each block's median is printed with the time it started.
+        for (int pass = 0; pass < 2; ++pass) {
+          for (size_t i = 0; i < entries.size(); ++i) {
+            const size_t v = pass == 0 ? i : entries.size() - 1 - i;
+            if (!runs_mode(entries[v].kind(), mode)) continue;
+            const double t0 = seconds_since_start();
+            while (seconds_since_start() - t0 < sustain_ms * 1e-3) sample(v, 0);
+            std::vector<float> block;
+            for (int r = 0; r < rounds; ++r) block.push_back(sample(v, r));
+            times[v].insert(times[v].end(), block.begin(), block.end());
+            std::printf("  block at %.2f s: %dx%dx%d %s %s %.1f us\n", t0, M, N, K, kModeNames[mode],
+                        labels[v].c_str(), kernel_bench::median_min(block).first);
+          }
         }
       }
       for (size_t v = 0; v < entries.size(); ++v) {
