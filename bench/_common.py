@@ -37,12 +37,17 @@ class Timer:
     it, which leaves clean lines. Memory-bound calls read 10-25% slower after "zero" (bench/NOTES.md
     sections 32 and 33), and not by the same amount for every kernel."""
 
-    def __init__(self, warmup: int = 5, iters: int = 30, flush: str = "zero"):
+    def __init__(self, warmup: int = 5, iters: int = 30, flush: str = "zero", sustain: float = 0.0):
+        """``sustain`` > 0 times each provider in blocks of its own instead of round-robin
+        (``block_order``): ``sustain`` seconds of untimed calls, then its samples."""
         if flush not in FLUSH_MODES:
             raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
+        if sustain < 0:
+            raise ValueError(f"sustain must be >= 0 seconds, got {sustain}")
         self.warmup = warmup
         self.iters = iters
         self.flush = flush
+        self.sustain = sustain
         # Larger than any Hopper L2 (50-60 MB): writing or reading it evicts the previous call's inputs.
         self._flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
         if flush == "read":
@@ -58,9 +63,19 @@ class Timer:
     def median_us(self, fn) -> float:
         return self.median_us_many({"fn": fn})["fn"]
 
+    def _sample(self, fn):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._empty_l2()
+        start.record()
+        fn()
+        end.record()
+        return start, end
+
     def median_us_many(self, fns: dict) -> dict:
-        """Median time of each callable, measured round-robin (one call of each per round) so
-        that clock and power changes during the run affect every provider alike."""
+        """Median time of each callable. Round-robin by default (one call of each per round), so
+        that clock changes during the run affect every provider alike. With ``sustain``, in
+        blocks: under a power cap round-robin times each provider in the heat of the others,
+        which flatters the one that draws more (bench/NOTES.md section 44)."""
         if not self._warm:
             warm_up_gpu()
             self._warm = True
@@ -68,20 +83,34 @@ class Timer:
             for _ in range(self.warmup):
                 fn()
         events = {name: [] for name in fns}
-        for _ in range(self.iters):
-            for name, fn in fns.items():
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                self._empty_l2()
-                start.record()
-                fn()
-                end.record()
-                events[name].append((start, end))
+        if self.sustain > 0:
+            for name, samples in block_order(list(fns), self.iters):
+                fn = fns[name]
+                start = time.perf_counter()
+                while time.perf_counter() - start < self.sustain:
+                    for _ in range(4):
+                        self._sample(fn)
+                    torch.cuda.synchronize()
+                events[name] += [self._sample(fn) for _ in range(samples)]
+                torch.cuda.synchronize()
+        else:
+            for _ in range(self.iters):
+                for name, fn in fns.items():
+                    events[name].append(self._sample(fn))
         torch.cuda.synchronize()
         out = {}
         for name, pairs in events.items():
             times = sorted(s.elapsed_time(e) * 1e3 for s, e in pairs)
             out[name] = times[len(times) // 2]
         return out
+
+
+def block_order(names: list, iters: int) -> list:
+    """(name, samples) blocks for sustained timing: the providers in order and then in reverse,
+    ``iters`` samples each split over its two blocks, so that a drift linear in time (the GPU
+    warming up) weighs on every provider alike."""
+    first = (iters + 1) // 2
+    return [(n, first) for n in names] + [(n, iters - first) for n in reversed(names) if iters - first > 0]
 
 
 def graphed(name, fn):

@@ -99,11 +99,15 @@ def main(argv=None) -> int:
     parser.add_argument("--max-rows", type=int, default=None, help="only shapes with at most this many rows")
     parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
                         help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
+    parser.add_argument("--sustain", type=float, default=0.0,
+                        help="seconds of untimed calls before each provider's block of samples; the providers "
+                             "then run in blocks (in order, then in reverse) instead of taking turns, which times "
+                             "each at its own clock under the GPU's power cap (default 0: take turns)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     torch.backends.cuda.matmul.allow_tf32 = True  # the tf32 rows compare TF32 against TF32
-    timer = Timer(iters=args.iters, flush=args.flush)
+    timer = Timer(iters=args.iters, flush=args.flush, sustain=args.sustain)
     sets = shape_sets()
     wanted = set(args.providers.split(","))
     rows = []
@@ -134,7 +138,8 @@ def main(argv=None) -> int:
                                      "tflops": flops / us / 1e6})
                     del x, w, b, grad
     summary = summarize(rows)
-    path = write_results("linear", {"cuda_graphs": args.graphs, "flush": args.flush, "rows": rows, "summary": summary},
+    path = write_results("linear", {"cuda_graphs": args.graphs, "flush": args.flush, "sustain_s": args.sustain,
+                                    "rows": rows, "summary": summary},
                          args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")

@@ -77,10 +77,14 @@ def main(argv=None) -> int:
                         help="time this many products back to back over rotating operand copies (0: one)")
     parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
                         help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
+    parser.add_argument("--sustain", type=float, default=0.0,
+                        help="seconds of untimed calls before each provider's block of samples; the providers "
+                             "then run in blocks (in order, then in reverse) instead of taking turns, which times "
+                             "each at its own clock under the GPU's power cap (default 0: take turns)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
-    timer = Timer(iters=args.iters, flush=args.flush)
+    timer = Timer(iters=args.iters, flush=args.flush, sustain=args.sustain)
     sets = shape_sets()
     rows = []
     for dtype_name in args.dtypes.split(","):
@@ -122,7 +126,7 @@ def main(argv=None) -> int:
         print(f"{dtype_name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS; min at >= 4096^3: "
               f"{s['min_at_4096_cubed_and_up']}; shapes below 1.0x: {len(s['misses'])}")
     path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "flush": args.flush,
-                                    "chain": args.chain,
+                                    "chain": args.chain, "sustain_s": args.sustain,
                                     "rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0

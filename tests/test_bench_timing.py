@@ -1,0 +1,32 @@
+"""The benchmarks' sustained timing order (bench/_common.py), checked without a GPU."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from _common import Timer, block_order  # noqa: E402
+
+
+@pytest.mark.parametrize("iters", [1, 2, 5, 30])
+@pytest.mark.parametrize("names", [["ours"], ["ours", "cublas"], ["ours", "eager", "compile", "cublaslt"]])
+def test_block_order_samples_and_drift(names, iters):
+    blocks = block_order(names, iters)
+    for name in names:
+        assert sum(n for b, n in blocks if b == name) == iters
+    if iters % 2 == 0:
+        # Samples at positions 0, 1, ... in time: a drift linear in time adds the same mean to
+        # every provider when each provider's mean position is the same.
+        t, mean = 0, {}
+        for name, n in blocks:
+            mean.setdefault(name, []).extend(range(t, t + n))
+            t += n
+        means = {name: sum(p) / len(p) for name, p in mean.items()}
+        assert max(means.values()) - min(means.values()) < 1e-9, means
+    assert all(n > 0 for _, n in blocks)
+
+
+def test_sustain_is_checked():
+    with pytest.raises(ValueError, match="sustain"):
+        Timer.__init__(object.__new__(Timer), sustain=-1.0)
