@@ -1301,11 +1301,21 @@ def test_sm80_path(dtype_name, b_layout, monkeypatch):
 
 
 @requires_cuda
-def test_gemm_arch_setting_is_checked(monkeypatch):
+@pytest.mark.parametrize("setting, value, message", [
+    ("CUTLASS_EXT_GEMM_ARCH", "sm70", "CUTLASS_EXT_GEMM_ARCH=sm70 must be sm90 or sm80"),
+    ("CUTLASS_EXT_GEMM_RASTER", "diagonal", "CUTLASS_EXT_GEMM_RASTER=diagonal must be along_m or along_n"),
+    ("CUTLASS_EXT_GEMM_SWIZZLE", "3", "CUTLASS_EXT_GEMM_SWIZZLE=3 must be 1, 2, 4 or 8"),
+])
+def test_gemm_settings_are_checked(monkeypatch, setting, value, message):
     A = rand(16, 32, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setenv("CUTLASS_EXT_GEMM_ARCH", "sm70")
-    with pytest.raises(RuntimeError, match="CUTLASS_EXT_GEMM_ARCH=sm70 must be sm90 or sm80"):
+    monkeypatch.setenv(setting, value)
+    with pytest.raises(RuntimeError, match=message):
         cutlass_ext.linear(A, A.t())
+
+
+@requires_cuda
+def test_gemm_arch_setting_keeps_a_named_config(monkeypatch):
+    A = rand(16, 32, device="cuda", dtype=torch.bfloat16)
     monkeypatch.setenv("CUTLASS_EXT_GEMM_ARCH", "sm80")
     # A config names its path: a Hopper config still runs the Hopper kernels.
     y = cutlass_ext.linear(A, A.t(), config="t64x32k128_pp")
@@ -1326,18 +1336,6 @@ def test_tile_order_settings(monkeypatch, swizzle, raster):
     monkeypatch.setenv("CUTLASS_EXT_GEMM_RASTER", raster)
     y = cutlass_ext.linear(A, B, bias, activation="gelu")
     assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), peer_linear(A, B, bias, "gelu"), "bf16")
-
-
-@requires_cuda
-def test_tile_order_settings_are_checked(monkeypatch):
-    A = rand(16, 32, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setenv("CUTLASS_EXT_GEMM_RASTER", "diagonal")
-    with pytest.raises(RuntimeError, match="CUTLASS_EXT_GEMM_RASTER=diagonal must be along_m or along_n"):
-        cutlass_ext.linear(A, A.t())
-    monkeypatch.delenv("CUTLASS_EXT_GEMM_RASTER")
-    monkeypatch.setenv("CUTLASS_EXT_GEMM_SWIZZLE", "3")
-    with pytest.raises(RuntimeError, match="CUTLASS_EXT_GEMM_SWIZZLE=3 must be 1, 2, 4 or 8"):
-        cutlass_ext.linear(A, A.t())
 
 
 @requires_cuda
