@@ -167,6 +167,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dropout", type=float, default=0.0, help="lora_dropout of the layer cases")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of the layer cases")
+    parser.add_argument("--sustain", type=float, default=0.0,
+                        help="seconds of untimed calls before each provider's block of samples (blocks instead of "
+                             "taking turns: each provider at its own clock under the GPU's power cap; default 0)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -179,7 +182,7 @@ def main(argv=None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     tokens = [int(v) for v in args.tokens.split(",")]
     wanted = set(args.providers.split(","))
-    timer = Timer(iters=args.iters)
+    timer = Timer(iters=args.iters, sustain=args.sustain)
     # One compiled function for every case: shapes are dynamic, and the grad mode and the scaling
     # give a few recompiles, which must stay under dynamo's limit (past it, it silently runs eager).
     torch._dynamo.config.recompile_limit = 64
@@ -227,7 +230,8 @@ def main(argv=None) -> int:
             del a, bb, peft_layer
         del w, b
     summary = summarize(rows)
-    path = write_results("lora", {"cuda_graphs": args.graphs, "rows": rows, "summary": summary,
+    path = write_results("lora", {"cuda_graphs": args.graphs, "sustain_s": args.sustain, "rows": rows,
+                                  "summary": summary,
                                   "targets": {f"{m}/{p}": t for (m, p), t in TARGETS.items()}}, args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")
