@@ -105,6 +105,23 @@ class Timer:
         return out
 
 
+def add_timer_arguments(parser, iters: int, flush: bool = True) -> None:
+    """The timing options of a benchmark's command line (``timer_from_args`` reads them):
+    --iters, --flush (where ``flush``) and --sustain."""
+    parser.add_argument("--iters", type=int, default=iters)
+    if flush:
+        parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
+                            help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
+    parser.add_argument("--sustain", type=float, default=0.0,
+                        help="seconds of untimed calls before each provider's block of samples; the providers "
+                             "then run in blocks (in order, then in reverse) instead of taking turns, which times "
+                             "each at its own clock under the GPU's power cap (default 0: take turns)")
+
+
+def timer_from_args(args) -> Timer:
+    return Timer(iters=args.iters, flush=getattr(args, "flush", "zero"), sustain=args.sustain)
+
+
 def block_order(names: list, iters: int) -> list:
     """(name, samples) blocks for sustained timing: the providers in order and then in reverse,
     ``iters`` samples each split over its two blocks, so that a drift linear in time (the GPU

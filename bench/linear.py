@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import FLUSH_MODES, Timer, geomean, graphed, write_results  # noqa: E402
+from _common import add_timer_arguments, geomean, graphed, timer_from_args, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -93,21 +93,15 @@ def main(argv=None) -> int:
     parser.add_argument("--bwd-dtypes", default="bf16,tf32",
                         help="dtypes for fwdbwd (the slow mode): bf16 and TF32 by default, whose backward "
                              "GEMMs take different kernels (fp16 takes bf16's configs)")
-    parser.add_argument("--iters", type=int, default=30)
+    add_timer_arguments(parser, iters=30)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
     parser.add_argument("--max-rows", type=int, default=None, help="only shapes with at most this many rows")
-    parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
-                        help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
-    parser.add_argument("--sustain", type=float, default=0.0,
-                        help="seconds of untimed calls before each provider's block of samples; the providers "
-                             "then run in blocks (in order, then in reverse) instead of taking turns, which times "
-                             "each at its own clock under the GPU's power cap (default 0: take turns)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     torch.backends.cuda.matmul.allow_tf32 = True  # the tf32 rows compare TF32 against TF32
-    timer = Timer(iters=args.iters, flush=args.flush, sustain=args.sustain)
+    timer = timer_from_args(args)
     sets = shape_sets()
     wanted = set(args.providers.split(","))
     rows = []

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, graphed, write_results  # noqa: E402
+from _common import add_timer_arguments, geomean, graphed, timer_from_args, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -165,11 +165,8 @@ def main(argv=None) -> int:
     parser.add_argument("--providers", default=",".join(sorted(set(LAYER_PROVIDERS + MERGE_PROVIDERS))))
     parser.add_argument("--lora-alpha", type=float, default=16)
     parser.add_argument("--dropout", type=float, default=0.0, help="lora_dropout of the layer cases")
-    parser.add_argument("--iters", type=int, default=10)
+    add_timer_arguments(parser, iters=10, flush=False)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of the layer cases")
-    parser.add_argument("--sustain", type=float, default=0.0,
-                        help="seconds of untimed calls before each provider's block of samples (blocks instead of "
-                             "taking turns: each provider at its own clock under the GPU's power cap; default 0)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -182,7 +179,7 @@ def main(argv=None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     tokens = [int(v) for v in args.tokens.split(",")]
     wanted = set(args.providers.split(","))
-    timer = Timer(iters=args.iters, sustain=args.sustain)
+    timer = timer_from_args(args)
     # One compiled function for every case: shapes are dynamic, and the grad mode and the scaling
     # give a few recompiles, which must stay under dynamo's limit (past it, it silently runs eager).
     torch._dynamo.config.recompile_limit = 64

@@ -14,7 +14,8 @@ Writes bench/results/matmul-<device>.json; ratios are cuBLAS time / ours (>1: we
 --chain N times N products back to back after each flush, each on the next of several copies of
 the operands that together hold at least twice L2, and reports a call's share: the regime of a
 training step, where the GPU stays busy and power holds its clock below the boost that one call
-after an idle flush gets (bench/NOTES.md sections 43-44). Both providers take turns as always.
+after an idle flush gets (bench/NOTES.md sections 43-44). The providers take turns, or with
+--sustain S run in blocks of their own, each at its own clock under the power cap.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import FLUSH_MODES, Timer, geomean, graphed, write_results  # noqa: E402
+from _common import add_timer_arguments, geomean, graphed, timer_from_args, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -71,20 +72,14 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp16,tf32")
     parser.add_argument("--sets", default="square,llm,batched,small")
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
-    parser.add_argument("--iters", type=int, default=30)
+    add_timer_arguments(parser, iters=30)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--chain", type=int, default=0,
                         help="time this many products back to back over rotating operand copies (0: one)")
-    parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
-                        help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
-    parser.add_argument("--sustain", type=float, default=0.0,
-                        help="seconds of untimed calls before each provider's block of samples; the providers "
-                             "then run in blocks (in order, then in reverse) instead of taking turns, which times "
-                             "each at its own clock under the GPU's power cap (default 0: take turns)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
-    timer = Timer(iters=args.iters, flush=args.flush, sustain=args.sustain)
+    timer = timer_from_args(args)
     sets = shape_sets()
     rows = []
     for dtype_name in args.dtypes.split(","):
