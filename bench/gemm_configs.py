@@ -3,6 +3,7 @@ config and tile swizzle, next to cuBLASLt's fused torch._addmm_activation, and p
 config per shape. Used to set the heuristic in csrc/bindings/gemm.cpp.
 
     python bench/gemm_configs.py --dtype bf16
+    python bench/gemm_configs.py --set large --swizzles 1 --sustain 0.5   # each provider in blocks of its own
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, write_results  # noqa: E402
+from _common import add_timer_arguments, geomean, timer_from_args, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--set", default="large", choices=sorted(SHAPE_SETS))
     parser.add_argument("--swizzles", default="1,2,4,8")
-    parser.add_argument("--iters", type=int, default=20)
+    add_timer_arguments(parser, iters=20)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     configs = [cfg for name, cfg in cutlass_ext.build().kernels()
                if any(name.startswith(f"{family}_{args.dtype}_kk_bias_act_") for family in ("sm90", "lowk", "gemv"))
                and "_aux_" not in name]
-    timer = Timer(iters=args.iters)
+    timer = timer_from_args(args)
     ext = cutlass_ext.build()
     ext._configure_tuning("", False)  # an empty in-memory table: "default" is the heuristic
     rows = []
@@ -109,7 +110,8 @@ def main(argv=None) -> int:
         "cublaslt_over_heuristic_min": min(r["cublaslt_us"] / r["default_us"] for r in rows),
     }
     print("summary: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
-    path = write_results(f"gemm_configs-{args.set}-{args.dtype}", {"rows": rows, "summary": summary}, args.out)
+    path = write_results(f"gemm_configs-{args.set}-{args.dtype}",
+                         {"flush": args.flush, "sustain_s": args.sustain, "rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0
 
