@@ -89,7 +89,8 @@ class Timer:
                 start = time.perf_counter()
                 while time.perf_counter() - start < self.sustain:
                     for _ in range(4):
-                        self._sample(fn)
+                        self._empty_l2()
+                        fn()
                     torch.cuda.synchronize()
                 events[name] += [self._sample(fn) for _ in range(samples)]
                 torch.cuda.synchronize()
@@ -103,6 +104,15 @@ class Timer:
             times = sorted(s.elapsed_time(e) * 1e3 for s, e in pairs)
             out[name] = times[len(times) // 2]
         return out
+
+
+def operand_copies(*operands) -> list:
+    """``operands`` and fresh copies of them, enough sets that together they hold twice L2: in a
+    chain of calls over the sets in turn, no call finds its operands in L2 from an earlier one."""
+    l2 = torch.cuda.get_device_properties(operands[0].device).L2_cache_size
+    per_set = sum(t.numel() * t.element_size() for t in operands)
+    count = max(2, -(-2 * l2 // per_set))
+    return [tuple(operands)] + [tuple(t.clone() for t in operands) for _ in range(count - 1)]
 
 
 def add_timer_arguments(parser, iters: int, flush: bool = True) -> None:

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_timer_arguments, geomean, graphed, timer_from_args, write_results  # noqa: E402
+from _common import (add_timer_arguments, geomean, graphed, operand_copies, timer_from_args,  # noqa: E402
+                     write_results)
 
 import cutlass_ext  # noqa: E402
 
@@ -45,15 +46,6 @@ def shape_sets():
 
 def products(config) -> dict:
     return {"cutlass_ext": lambda a, b: cutlass_ext.matmul(a, b, config=config), "cublas": torch.matmul}
-
-
-def operand_copies(a, b) -> list:
-    """(a, b) and fresh copies of them, enough that together they hold twice L2: in a chain of
-    products over them in turn, no product finds its operands in L2 from an earlier one."""
-    l2 = torch.cuda.get_device_properties(a.device).L2_cache_size
-    per_set = a.numel() * a.element_size() + b.numel() * b.element_size()
-    count = max(2, -(-2 * l2 // per_set))
-    return [(a, b)] + [(a.clone(), b.clone()) for _ in range(count - 1)]
 
 
 def chained(fns: dict, chain: int, sets: list) -> dict:

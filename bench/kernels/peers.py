@@ -12,9 +12,14 @@ a 512 MB fill of a flush buffer, events around the call alone, median over the r
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import operand_copies  # noqa: E402
 
 
 def median_us(fns: dict, rounds: int, calls: int = 1) -> dict:
@@ -45,11 +50,8 @@ def gemm(shape: str, rounds: int, chain: int = 0) -> None:
     A = torch.rand(M, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
     W = torch.rand(N, K, device="cuda", dtype=torch.bfloat16) * 2 - 1
     bias = torch.rand(N, device="cuda", dtype=torch.bfloat16) * 2 - 1
-    sets = [(A, W)]
-    if chain > 0:
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        operand_bytes = (M + N) * K * 2
-        sets += [(A.clone(), W.clone()) for _ in range(max(2, -(-2 * l2 // operand_bytes)) - 1)]
+    sets = operand_copies(A, W) if chain > 0 else [(A, W)]
+
     def matmul(i):
         a, w = sets[i % len(sets)]
         return torch.mm(a, w.t())
