@@ -49,7 +49,7 @@ SM90_CONFIGS = (
     ),
     GemmConfig(
         "128x256_2x1_coop", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
-        use="large M and N with TF32 (fp32 inputs)",
+        use="large M and N with TF32 (fp32 inputs); 16-bit types: 3-10 rounds of its tiles over K >= 4096",
     ),
     GemmConfig(
         "128x128_1x1_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",
@@ -59,9 +59,16 @@ SM90_CONFIGS = (
 )
 
 # 16-bit types: the cooperative 128x256 config was never clearly faster than ping-pong 128x128
-# on any measured shape, so it is built for TF32 only (4-byte operands keep the cooperative
-# configs), which keeps the full build within its time budget.
+# when the benches took turns between kernels, so it is built for every layout for TF32 only
+# (4-byte operands keep the cooperative configs).
 SM90_16BIT_CONFIGS = (SM90_CONFIGS[0], SM90_CONFIGS[2])
+# Timed alone at the GPU's power cap, as a long training run keeps it, the 128x128 ping-pong tile
+# ran at a 10-14% lower clock than cuBLAS's kernel for as many cycles, where the cooperative
+# 128x256 tile kept cuBLAS's clock: 2.5-8% faster than ping-pong at 4096^3, 6144^3 and
+# 8192 x 4096 x 4096, tied on a 4096 -> 11008 layer (H200, bench/NOTES.md section 44). It is
+# built for the 16-bit products of training (forward with and without the pre-activation, dX and
+# dW) and chosen for products of several waves of its tiles over a long K (select_kernel).
+WIDE_16BIT_CONFIGS = (SM90_CONFIGS[1],)
 # Between one and two waves of 128x128 tiles (M = 256-2048 against 4096-11008-wide weights) a
 # ping-pong CTA has one tile for one of its two math warpgroups (ncu at 512x4096x4096 on an
 # H200: 1.3 active warps per scheduler of 3, tensor pipe 57% busy, where cuBLASLt's 128x128
@@ -389,7 +396,7 @@ def all_kernels() -> list[GemmKernel]:
                 for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 if dtype != "tf32" and (a, b) == ("k", "k"):
-                    for cfg in MID_CONFIGS if not aux else MID_CONFIGS[:1]:
+                    for cfg in (MID_CONFIGS if not aux else MID_CONFIGS[:1]) + WIDE_16BIT_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 # Transposed kernels serve small-M products: the forward (its A' is the K-major
                 # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.
@@ -425,7 +432,7 @@ def all_kernels() -> list[GemmKernel]:
             if b == "n":
                 kernels.append(GemmKernel("sm90", dtype, a, b, False, K_SLICES_CONFIG, k_slices=True))
                 if dtype != "tf32":
-                    for cfg in SM90_16BIT_CONFIGS:
+                    for cfg in SM90_16BIT_CONFIGS + WIDE_16BIT_CONFIGS:
                         kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, plain=True))
     for dtype in ("bf16", "fp16", "tf32"):
         for a, b in itertools.product("km", "kn"):

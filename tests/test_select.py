@@ -157,6 +157,26 @@ def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds(driver):
         assert config == ("128x128_2x2_pp" if takes_wide else "128x128_1x2_pp"), (count, config)
 
 
+WIDE = "128x256_2x1_coop"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("aux", [False, True])
+@pytest.mark.parametrize("m,k,n", [(4096, 4096, 4096), (6144, 6144, 6144), (8192, 4096, 4096), (4096, 11008, 4096),
+                                   (2048, 4096, 11008), (2048, 4096, 4096), (16384, 4096, 4096),
+                                   (4096, 4096, 11008), (4096, 2048, 4096), (65536, 4096, 256), (1024, 8192, 8192)])
+def test_several_rounds_over_a_long_k_take_the_wide_cooperative_tile(driver, m, k, n, dtype, aux):
+    # 16-bit products over K >= 4096 with M, N >= 2048 and 3-10 rounds of 128x256 tiles over the
+    # SMs: the cooperative 128x256 tile (bench/NOTES.md section 44); elsewhere the 128x128 tiles.
+    wide = k >= 4096 and min(m, n) >= 2048 and 3 * SMS <= tiles(m, n, 128, 256) <= 10 * SMS
+    config, _ = pick(driver, m, k, n, aux=aux, dtype=dtype)
+    assert (config == WIDE) == wide, (config, tiles(m, n, 128, 256) / SMS)
+    if not wide:
+        assert config.startswith("128x128_"), config
+    # LoRA's extended-K products keep their one config.
+    assert pick(driver, m, k, n, extk=True, dtype=dtype)[0] != WIDE
+
+
 def test_hopper_config_names_carry_their_cluster_shape():
     # The heuristic reads a Hopper config's cluster shape from its name ("t" first for a transposed
     # one); a transposed config in 1x1 clusters may leave it out, but never names another.

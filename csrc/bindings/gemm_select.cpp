@@ -78,6 +78,13 @@ constexpr int64_t kAuxCooperativeMaxK = 1024;
 constexpr int64_t kAuxCooperativeMinN = 256;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
+// 16-bit products over at least this K, with M and N at least kWideMinMN and kWideMinRounds to
+// kWideMaxRounds rounds of 128x256 tiles over the SMs, take the cooperative 128x256 tile
+// (select_kernel).
+constexpr int64_t kWideMinK = 4096;
+constexpr int64_t kWideMinMN = 2048;
+constexpr int64_t kWideMinRounds = 3;
+constexpr int64_t kWideMaxRounds = 10;
 // Below half a wave of 128x128 tiles, products up to this K take the transposed 64-row tiles
 // instead of splitting K (select_kernel); longer K (a weight gradient over many rows) still splits.
 constexpr int64_t kSubWaveTransposedMaxK = 4096;
@@ -408,7 +415,10 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry* coop = nullptr;
     const GemmKernelEntry* narrow = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
-      if (!e->transposed && !e->stream_k && e != best_dp && coop == nullptr) coop = e;
+      if (!e->transposed && !e->stream_k && e != best_dp && e->tile_m == best_dp->tile_m &&
+          e->tile_n == best_dp->tile_n && coop == nullptr) {
+        coop = e;
+      }
       // Not for TF32: its 64x128 tiles ran 1.2-1.5x slower than the 128x128 stream-K tiles there
       // (512 x 4096 -> 11008: 217.0 against 141.2 us; 1536^3: 41.8 against 37.2).
       if (e->transposed && !e->stream_k && e->tile_m == 64 && e->tile_n == 128 && !tf32) narrow = e;
@@ -479,6 +489,21 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       if (e->stream_k && (wide_sk == nullptr || e->tile_n > wide_sk->tile_n)) wide_sk = e;
     }
     if (wide_sk != nullptr && 2 * wide_sk->tile_n >= best_dp->tile_n) return wide_sk;
+  }
+  // 16-bit products of several rounds of tiles over a long K: the cooperative 128x256 tile, where
+  // one is built for the layout. Timed alone at the GPU's power cap (as a long training run keeps
+  // it), the 128x128 ping-pong tile ran at a 10-14% lower clock than the wide tile for as many
+  // cycles; on an H200 (bench/NOTES.md section 44, 20 products back to back) the wide tile was
+  // 2.5% faster at 4096^3 (3.9 rounds of its tiles), 4% at 8192 x 4096 x 4096 (7.8) and 8% at
+  // 6144^3 (8.7), and tied at 4096 x 4096 -> 11008 (10.4). The ranges are what was measured.
+  if (!tf32 && best_dp != nullptr && !only_transposed && !with_extk_twin && K >= kWideMinK && M >= kWideMinMN &&
+      N >= kWideMinMN) {
+    for (const GemmKernelEntry* e : cutlass) {
+      if (e->transposed || e->stream_k || e->tile_m * e->tile_n <= best_dp->tile_m * best_dp->tile_n) continue;
+      const int64_t tiles = output_tiles(*e, M, N, L);
+      if (tiles >= kWideMinRounds * sms && tiles <= kWideMaxRounds * sms) return e;
+      break;
+    }
   }
   // The narrow transposed split-K config is a small-M tile: larger TF32 products with an
   // N-major B stay data-parallel even below one wave (measured on the H200: 128x32 split-K

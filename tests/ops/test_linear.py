@@ -650,6 +650,9 @@ def test_every_kernel(name, monkeypatch):
             out, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
             assert len(names) == 1 and "EltAct" not in names[0], names
             assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), dtype_name)
+            twin = kernel.name.replace("_plain_", "_bias_act_")
+            if twin not in {k.name for k in _kernel_table.all_kernels()}:
+                return  # built for the backward's plain products only (WIDE_16BIT_CONFIGS)
             y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, B, bias))
             assert len(names) == 1 and "EltAct" in names[0], names
             assert_close_to_reference(y, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"), dtype_name)
@@ -1031,6 +1034,51 @@ def test_one_column_tile_takes_the_transposed_tile(n):
     _, forced = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B, config="t64x128_pp"))
     assert len(names) == 1 and names == forced, [name[:200] for name in names]
     assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_several_rounds_over_a_long_k_take_the_wide_tile_in_training(dtype_name, monkeypatch):
+    # A GELU layer's training step at 4096 x 4096 -> 4096 (3.9 rounds of 128x256 tiles on 132 SMs,
+    # K = 4096): the forward with its pre-activation, dX and dW all on the cooperative 128x256
+    # tile (select_kernel, bench/NOTES.md section 44); 2048 rows (1.9 rounds) stay on 128x128 tiles.
+    names = {k.name for k in _kernel_table.all_kernels()}
+    built = dict(cutlass_ext.build().kernels())
+    wide = [f"sm90_{dtype_name}_{e}_128x256_2x1_coop" for e in ("kk_bias_act_aux", "kn_plain", "mn_plain")]
+    if not all(n in built for n in wide) or not all(n in names for n in wide):
+        pytest.skip("the 16-bit 128x256 kernels are not in this (selective) build")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    for m in (4096, 2048):
+        k = n = 4096
+        takes_wide = 3 * sms <= math.ceil(m / 128) * math.ceil(n / 256) <= 10 * sms
+        x = rand(m, k, device="cuda", dtype=dtype).requires_grad_()
+        W = rand(n, k, device="cuda", dtype=dtype, scale=k ** -0.5).requires_grad_()
+        bias = rand(n, device="cuda", dtype=dtype).requires_grad_()
+        dy = rand(m, n, device="cuda", dtype=dtype)
+
+        def step():
+            y = cutlass_ext.linear(x, W.t(), bias, activation="gelu")
+            return (y,) + torch.autograd.grad(y, (x, W, bias), dy)
+
+        outs, kernels = gemm_kernels_run(step)
+        gemms = [n for n in kernels if "Gemm" in n]
+        assert len(gemms) == 3, kernels
+        with monkeypatch.context() as patch:
+            patch.setenv("CUTLASS_EXT_GEMM_CONFIG", "128x256_2x1_coop")
+            _, forced = gemm_kernels_run(step)
+        wide_runs = [n == f for n, f in zip(gemms, [n for n in forced if "Gemm" in n])]
+        assert all(wide_runs) if takes_wide else not any(wide_runs), (m, gemms)
+        # The results against float64 (the peer: torch's own step in this dtype).
+        xd, Wd, bd = (t.detach().double().requires_grad_() for t in (x, W, bias))
+        yd = torch.nn.functional.gelu(xd @ Wd.t() + bd)
+        ref = (yd,) + torch.autograd.grad(yd, (xd, Wd, bd), dy.double())
+        xp, Wp, bp = (t.detach().clone().requires_grad_() for t in (x, W, bias))
+        yp = torch.nn.functional.gelu(torch.nn.functional.linear(xp, Wp, bp))
+        peer = (yp,) + torch.autograd.grad(yp, (xp, Wp, bp), dy)
+        for what, o, r, p in zip(("y", "dx", "dW", "dbias"), outs, ref, peer):
+            assert_close_to_reference(o, r, p, dtype_name, what=what)
 
 
 @requires_cuda
