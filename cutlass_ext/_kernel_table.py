@@ -49,7 +49,7 @@ SM90_CONFIGS = (
     ),
     GemmConfig(
         "128x256_2x1_coop", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
-        use="large M and N with TF32 (fp32 inputs); 16-bit types: 3-10 rounds of its tiles over K >= 4096",
+        use="large M and N with TF32 (fp32 inputs); 16-bit types: at least 3 rounds of its tiles over K >= 4096",
     ),
     GemmConfig(
         "128x128_1x1_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",

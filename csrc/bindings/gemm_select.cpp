@@ -78,13 +78,11 @@ constexpr int64_t kAuxCooperativeMaxK = 1024;
 constexpr int64_t kAuxCooperativeMinN = 256;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
-// 16-bit products over at least this K, with M and N at least kWideMinMN and kWideMinRounds to
-// kWideMaxRounds rounds of 128x256 tiles over the SMs, take the cooperative 128x256 tile
-// (select_kernel).
+// 16-bit products over at least this K, with M and N at least kWideMinMN and at least kWideMinRounds
+// rounds of 128x256 tiles over the SMs, take the cooperative 128x256 tile (select_kernel).
 constexpr int64_t kWideMinK = 4096;
 constexpr int64_t kWideMinMN = 2048;
 constexpr int64_t kWideMinRounds = 3;
-constexpr int64_t kWideMaxRounds = 10;
 // Below half a wave of 128x128 tiles, products up to this K take the transposed 64-row tiles
 // instead of splitting K (select_kernel); longer K (a weight gradient over many rows) still splits.
 constexpr int64_t kSubWaveTransposedMaxK = 4096;
@@ -501,7 +499,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed || e->stream_k || e->tile_m * e->tile_n <= best_dp->tile_m * best_dp->tile_n) continue;
       const int64_t tiles = output_tiles(*e, M, N, L);
-      if (tiles >= kWideMinRounds * sms && tiles <= kWideMaxRounds * sms) return e;
+      if (tiles >= kWideMinRounds * sms) return e;
       break;
     }
   }
