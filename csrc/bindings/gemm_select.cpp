@@ -494,9 +494,10 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // cycles; on an H200 (bench/NOTES.md section 44, 20 products back to back) the wide tile was
   // 2.5% faster at 4096^3 (3.9 rounds of its tiles), 4% at 8192 x 4096 x 4096 (7.8) and 8% at
   // 6144^3 (8.7), and tied at 4096 x 4096 -> 11008 (10.4). Through the package (section 45,
-  // sustained graph replays) it held 0.95-1.02x cuBLAS up to 16384 x 4096 -> 11008 (43 rounds),
-  // where the ping-pong tile fell to 0.82-0.93x; below 3 rounds (2048 x 4096 -> 4096, 1.9) the
-  // two were within the runs' spread.
+  // sustained graph replays) it held 0.95-1.02x cuBLAS on the 8 products of 3.9-43 rounds, up
+  // to 16384 x 4096 -> 11008, where the ping-pong tile ranged 0.82-1.03x (below 0.93x on 6 of
+  // them; ahead only on 2048 x 4096 -> 11008, 1.03x against 0.98x); below 3 rounds (2048 x 4096
+  // -> 4096, 1.9) the two were within the runs' spread.
   if (!tf32 && best_dp != nullptr && !only_transposed && !with_extk_twin && K >= kWideMinK && M >= kWideMinMN &&
       N >= kWideMinMN) {
     for (const GemmKernelEntry* e : cutlass) {
