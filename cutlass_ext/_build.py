@@ -324,6 +324,21 @@ class BuildConfig:
         return (root or cache_root()) / f"torch{torch_tag}-cuda{self.nvcc_version}-sm{'_'.join(self.archs)}-{self.key()}"
 
 
+# Compile seconds of one translation unit in a full build (16 jobs on an H200 machine, ninja's
+# log: bench/results/build-h200.json), rounded, to list the longest first: by then a CUTLASS 3.x
+# file (two base units) took 75-139 s (median 105), the layer-norm kernels 96 s, a CUTLASS 2.x
+# file 32-44 s, a hand-written source otherwise 1-40 s and a generated hand-written GEMM family
+# 7-25 s. Replayed on 16 slots, that log's jobs in this order end 25 s (8%) sooner than with the
+# hand-written sources first, as they were listed before (the layer-norm kernels then started at
+# the front but the CUTLASS 3.x units, the bulk, only after the other sources).
+COMPILE_SECONDS = {
+    "sm90": 105.0, "simt": 42.0, "sm80": 34.0,  # generated CUTLASS files, by kernel family
+    "generated": 20.0,  # a generated hand-written GEMM family (lowk, gemv, ffma, ...)
+    "elementwise/layer_norm_kernels.cu": 96.0,
+    "source": 30.0,  # any other hand-written source
+}
+
+
 def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
     """Writes the generated sources and build.ninja; returns the path of the library to build."""
     gen_dir = build_dir / "gen"
@@ -333,31 +348,30 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
 
-    # The hand-written sources are listed (and so scheduled by ninja) first: they take 1-56 s each
-    # (bench/results/build-h200.json), and started last, as they once were, they left most cores
-    # idle in the build's final half minute (a replay of a full H200 build's ninja log: 240 s as
-    # listed before, 234 s this way).
-    objects, rules = [], []
+    # Ninja starts the compile jobs in the order build.ninja lists them, so they are listed by
+    # their expected compile time, longest first (COMPILE_SECONDS), the hand-written sources
+    # before generated units of the same estimate.
+    jobs: list[tuple[float, str, str]] = []
     for rel in static_sources():
         src = CSRC_DIR / rel
         obj = "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
         if src.suffix == ".cu":
-            rules.append(f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(gencode_flags(config.archs))}\n")
+            rule = f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(gencode_flags(config.archs))}\n"
         else:
-            rules.append(f"build {obj}: cxx {src}\n")
-        objects.append(obj)
-    # Then the generated units in the kernel table's order, which lists the longest first: on an
-    # H200 machine a CUTLASS 3.x file (two base units) took 57-88 s, a CUTLASS 2.x one 29-42 s,
-    # SIMT 26 s and a hand-written GEMM unit 5-17 s (an earlier build's ninja log replayed on 16
-    # cores: 217 s in this order, 239 s with the CUTLASS 3.x units last).
+            rule = f"build {obj}: cxx {src}\n"
+        jobs.append((COMPILE_SECONDS.get(rel, COMPILE_SECONDS["source"]), rule, obj))
     for name, group in _kernel_table.translation_units(list(config.kernels)).items():
         src = gen_dir / f"{name}.cu"
         write_if_changed(src, _kernel_table.unit_source(group))
         obj = f"obj/{name}.o"
         # Relative to the build directory (ninja runs in it): a build tree copied under another
         # name keeps its commands, and so its up-to-date objects.
-        rules.append(f"build {obj}: nvcc gen/{src.name}\n  arch_flags = {' '.join(group[0].gencodes(config.archs))}\n")
-        objects.append(obj)
+        rule = f"build {obj}: nvcc gen/{src.name}\n  arch_flags = {' '.join(group[0].gencodes(config.archs))}\n"
+        kind = "generated" if group[0].hand_written else group[0].family
+        jobs.append((COMPILE_SECONDS[kind], rule, obj))
+    jobs.sort(key=lambda job: -job[0])  # stable: equal estimates keep the listing's order
+    rules = [rule for _, rule, _ in jobs]
+    objects = [obj for _, _, obj in jobs]
     registry = gen_dir / "gemm_registry.cpp"
     write_if_changed(registry, _kernel_table.registry_source(list(config.kernels)))
     rules.append(f"build obj/gemm_registry.o: cxx gen/{registry.name}\n")

@@ -5,6 +5,7 @@ CUTLASS are installed (no GPU needed)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -187,8 +188,17 @@ def test_build_tree(tmp_path):
         rule = "nvcc" if rel.endswith(".cu") else "cxx"
         assert f"build obj/{rel.replace('/', '_').rsplit('.', 1)[0]}.o: {rule}" in ninja
     assert "build obj/gemm_registry.o: cxx" in ninja
-    # The hand-written sources come first (the longest jobs start early).
-    assert ninja.index("build obj/bindings_gemm.o") < ninja.index(f"build obj/{unit_of[config.kernels[0].name]}.o")
+    # The compile jobs are listed longest first by their estimates: the CUTLASS 3.x units, then
+    # the layer-norm kernels, the CUTLASS 2.x units, the other hand-written sources and last the
+    # hand-written GEMM families.
+    listed = re.findall(r"^build (obj/\S+):", ninja, re.M)
+    first_of = {kind: next(i for i, obj in enumerate(listed) if obj.startswith(kind))
+                for kind in ("obj/sm90_", "obj/elementwise_layer_norm_kernels", "obj/sm80_", "obj/simt_",
+                             "obj/bindings_gemm.o", "obj/lowk_")}
+    last_sm90 = max(i for i, obj in enumerate(listed) if obj.startswith("obj/sm90_"))
+    assert first_of["obj/sm90_"] == 0 and last_sm90 == len(sm90_units) - 1
+    assert last_sm90 < first_of["obj/elementwise_layer_norm_kernels"] < first_of["obj/simt_"] < first_of["obj/sm80_"]
+    assert first_of["obj/sm80_"] < first_of["obj/bindings_gemm.o"] < first_of["obj/lowk_"]
     assert "-D_GLIBCXX_USE_CXX11_ABI=1" in ninja and "-ltorch_python" in ninja
     registry = (tmp_path / "gen" / "gemm_registry.cpp").read_text()
     assert f"const int kNumGemmKernels = {len(config.kernels)};" in registry
