@@ -94,7 +94,8 @@ MID_CONFIGS = (
 )
 
 # The extended-K kernels (LoRA's rank-r term inside the main GEMM) come in the preferred
-# data-parallel config only; products that would take another config run the term separately.
+# data-parallel config and, for 16-bit types, the wide 128x256 tile (all_kernels); products that
+# would take another config run the term separately.
 EXTK_CONFIG = SM90_CONFIGS[0]
 TF32_CONFIGS = SM90_CONFIGS[1:]
 
@@ -419,10 +420,13 @@ def all_kernels() -> list[GemmKernel]:
                     kernels.append(GemmKernel("sm90", dtype, a, b, False, cfg, with_c=True))
             # A second operand pair in the K loop serves LoRA with the rank-r term folded into the
             # main GEMM: the forward [x | s t] @ [W | B]^T (K-major operands, with or without the
-            # pre-activation) and dx = [dz | s U] @ [W ; A] (N-major second operands).
+            # pre-activation) and dx = [dz | s U] @ [W ; A] (N-major second operands), on the
+            # preferred data-parallel tile and on the wide tile that the frozen layer's own
+            # products take from 3 rounds of it (select_kernel).
             if dtype != "tf32" and a == "k":
                 for aux in (False, True) if b == "k" else (False,):
-                    kernels.append(GemmKernel("sm90", dtype, a, b, aux, EXTK_CONFIG, ext_k=True))
+                    for cfg in (EXTK_CONFIG,) + WIDE_16BIT_CONFIGS:
+                        kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg, ext_k=True))
             # The backward products (dX = dZ W: K-major A, N-major B; dW = dZ^T X: M-major A,
             # N-major B) have no bias or activation. K slices serve weight gradients over many rows
             # (a one-row A counts as K-major). Where the epilogue is exposed (a short K) the plain

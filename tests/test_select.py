@@ -35,11 +35,12 @@ def driver(tmp_path_factory):
 
 
 def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str = "k",
-                    b_major: str = "k") -> list[str]:
+                    b_major: str = "k", plain: bool = False) -> list[str]:
     """The binding's candidates (gemm_op: kernels_for the caller's layout, those that run depth k,
     then the transposed kernels, which read B as their first operand and A as their second) on
     the Hopper path, as driver lines, in the kernel table's order. a_major: "k" or "m" (A row-major
-    or not); b_major: "k" (a weight's transpose) or "n" (a row-major [K, N] B)."""
+    or not); b_major: "k" (a weight's transpose) or "n" (a row-major [K, N] B). plain: a product
+    without bias or activation, which takes a config's plain kernel where one is built."""
     def line(kernel):
         cfg = kernel.config
         if isinstance(cfg, _kernel_table.GemmConfig):
@@ -53,24 +54,37 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
     def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
         return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
                 and (kernel.a_major, kernel.b_major) == (a, b) and kernel.aux == aux
-                and not kernel.with_c and not kernel.ext_k and not kernel.k_slices and not kernel.plain
+                and not kernel.with_c and not kernel.ext_k and not kernel.k_slices and (plain or not kernel.plain)
                 and (kernel.family == "sm90" and kernel.config.transposed) == transposed)
 
+    def with_plain_twins(found):  # a plain product: a config's plain kernel replaces its other one
+        plain_configs = {kern.config.name for kern in found if kern.plain}
+        return [kern for kern in found if kern.plain or kern.config.name not in plain_configs]
+
     kernels = _kernel_table.all_kernels()
-    direct = [kern for kern in kernels if on_path(kern, a_major, b_major, False) and (kern.family != "lowk" or k <= 64)]
+    direct = with_plain_twins([kern for kern in kernels
+                               if on_path(kern, a_major, b_major, False) and (kern.family != "lowk" or k <= 64)])
     swapped = ("k" if b_major == "k" else "m", "k" if a_major == "k" else "n")
-    transposed = [kern for kern in kernels if on_path(kern, *swapped, True)]
+    transposed = with_plain_twins([kern for kern in kernels if on_path(kern, *swapped, True)])
     return [line(kern) for kern in direct + transposed]
 
 
-def pick(driver, m, k, n, *, aux=False, extk=False, dtype="bf16", b_major="k", a_major="k", batch=1) -> tuple[str, int]:
+def pick(driver, m, k, n, *, aux=False, extk=False, dtype="bf16", b_major="k", a_major="k", batch=1,
+         plain=False) -> tuple[str, int]:
     """(config, split count) the heuristic picks for an m x k -> n forward (``batch`` of them) on
     SMS SMs, with N and K padded to 16 bytes as the binding passes them."""
     align = 4 if dtype == "tf32" else 8
     n_p, k_p = math.ceil(n / align) * align, math.ceil(k / align) * align
     element_size = 4 if dtype == "tf32" else 2
     query = f"query {m} {n_p} {k_p} {batch} {SMS} {int(extk)} {element_size}"
-    return run_query(driver, candidate_lines(k_p, aux, dtype, a_major, b_major), query)
+    candidates = candidate_lines(k_p, aux, dtype, a_major, b_major, plain)
+    return run_query(driver, candidates + extk_lines(aux, dtype, a_major, b_major), query)
+
+
+def extk_lines(aux: bool = False, dtype: str = "bf16", a_major: str = "k", b_major: str = "k") -> list[str]:
+    """The extended-K kernels the binding would pass as a LoRA product's twins, as driver lines."""
+    return [f"extk {kern.config.name}" for kern in _kernel_table.all_kernels()
+            if kern.ext_k and kern.dtype == dtype and kern.aux == aux and (kern.a_major, kern.b_major) == (a_major, b_major)]
 
 
 def ask(driver, *lines: str) -> str:
@@ -174,8 +188,9 @@ def test_several_rounds_over_a_long_k_take_the_wide_cooperative_tile(driver, m, 
     assert (config == WIDE) == wide, (config, tiles(m, n, 128, 256) / SMS)
     if not wide:
         assert config.startswith("128x128_"), config
-    # LoRA's extended-K products keep their one config.
-    assert pick(driver, m, k, n, extk=True, dtype=dtype)[0] != WIDE
+    # LoRA's extended-K products take the wide tile by the same rule (it has extended-K twins),
+    # else the preferred data-parallel tile, never the other rules' configs.
+    assert pick(driver, m, k, n, extk=True, aux=aux, dtype=dtype)[0] == (WIDE if wide else "128x128_1x2_pp")
 
 
 def test_hopper_config_names_carry_their_cluster_shape():
@@ -214,6 +229,14 @@ def test_lora_products_keep_the_extended_k_config(driver):
     # Mid-M and sub-wave rules are skipped when the product carries LoRA's rank-r pair.
     assert pick(driver, 768, 4096, 4096, extk=True)[0] == "128x128_1x2_pp"
     assert pick(driver, 768, 4096, 4096)[0] != "128x128_1x2_pp"
+    # The wide tile's rule applies only where the wide tile has an extended-K twin.
+    assert pick(driver, 8192, 4096, 4096, extk=True)[0] == WIDE
+    query = f"query 8192 4096 4096 1 {SMS} 1 2"
+    assert run_query(driver, candidate_lines(4096) + ["extk 128x128_1x2_pp"], query)[0] == "128x128_1x2_pp"
+    assert run_query(driver, candidate_lines(4096), query)[0] == "128x128_1x2_pp"
+    # dx = [dz | s U] @ [W ; A] (an N-major B, no bias or activation) likewise.
+    assert pick(driver, 8192, 4096, 4096, extk=True, b_major="n", plain=True)[0] == WIDE
+    assert pick(driver, 2048, 4096, 4096, extk=True, b_major="n", plain=True)[0] == "128x128_1x2_pp"
 
 
 @pytest.mark.parametrize("m,k,n", [(4096, 128, 4096), (16384, 128, 1024), (16384, 512, 1024), (16384, 1024, 1024),

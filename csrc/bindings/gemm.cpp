@@ -631,6 +631,14 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   form.with_c = with_c;
   form.plain = plain;
   std::vector<const GemmKernelEntry*> candidates = usable(kernels_for(arch, dt, math, major_a(), major_b(), form));
+  // The extended-K kernels that could fold LoRA's pair into the chosen kernel's K loop.
+  std::vector<const GemmKernelEntry*> extk_twins;
+  if (has_a2) {
+    KernelForm twin_form;
+    twin_form.aux = kernel_aux;
+    twin_form.ext_k = true;
+    extk_twins = kernels_for(arch, dt, math, major_a(), major_b(), twin_form);
+  }
   // The transposed product D^T = B^T A^T reads B as its first operand and A as its second.
   std::vector<const GemmKernelEntry*> transposed;
   if (!with_c) {
@@ -810,7 +818,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     }
   }
   if (slicer == nullptr && kernel == nullptr) {
-    kernel = opts.config.empty() ? select_kernel(candidates, M, Np, Kp, L, p.sm_count, has_a2)
+    kernel = opts.config.empty() ? select_kernel(candidates, M, Np, Kp, L, p.sm_count, has_a2 ? &extk_twins : nullptr)
                                  : forced_kernel(candidates, opts.config);
   }
   if (slicer == nullptr && opts.config.empty() && kernel->stream_k &&
@@ -832,10 +840,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     MatrixView va2, vb2;
     if (!kernel->transposed && !with_c && as_matrix(a2_3, align, va2) && as_matrix(b2_3, align, vb2) &&
         va2.y_contiguous == va.y_contiguous && vb2.y_contiguous == vb.y_contiguous) {
-      KernelForm twin_form;
-      twin_form.aux = kernel_aux;
-      twin_form.ext_k = true;
-      for (const GemmKernelEntry* e : kernels_for(arch, dt, math, major_a(), major_b(), twin_form)) {
+      for (const GemmKernelEntry* e : extk_twins) {
         if (std::strcmp(e->config, kernel->config) == 0) twin = e;
       }
     }

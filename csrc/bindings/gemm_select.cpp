@@ -281,7 +281,14 @@ const GemmKernelEntry* tf32_round_kernel(const GemmKernelEntry& dp, const GemmKe
 }  // namespace
 
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
-                                     int64_t K, int64_t L, int sms, bool with_extk_twin) {
+                                     int64_t K, int64_t L, int sms,
+                                     const std::vector<const GemmKernelEntry*>* extk_twins) {
+  const bool with_extk_twin = extk_twins != nullptr;
+  auto has_extk_twin = [&](const GemmKernelEntry& e) {
+    return extk_twins != nullptr && std::any_of(extk_twins->begin(), extk_twins->end(), [&](const GemmKernelEntry* t) {
+             return std::strcmp(t->config, e.config) == 0;
+           });
+  };
   // A short K makes the product a stream over C and D: the hand-written kernel's case.
   for (const GemmKernelEntry* e : candidates) {
     if (is_lowk(*e) && lowk_takes(K, M, L)) return e;
@@ -498,12 +505,12 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // to 16384 x 4096 -> 11008, where the ping-pong tile ranged 0.82-1.03x (below 0.93x on 6 of
   // them; ahead only on 2048 x 4096 -> 11008, 1.03x against 0.98x); below 3 rounds (2048 x 4096
   // -> 4096, 1.9) the two were within the runs' spread.
-  if (!tf32 && best_dp != nullptr && !only_transposed && !with_extk_twin && K >= kWideMinK && M >= kWideMinMN &&
-      N >= kWideMinMN) {
+  // A product with LoRA's pair takes the tile where it has an extended-K twin.
+  if (!tf32 && best_dp != nullptr && !only_transposed && K >= kWideMinK && M >= kWideMinMN && N >= kWideMinMN) {
     for (const GemmKernelEntry* e : cutlass) {
       if (e->transposed || e->stream_k || e->tile_m * e->tile_n <= best_dp->tile_m * best_dp->tile_n) continue;
       const int64_t tiles = output_tiles(*e, M, N, L);
-      if (tiles >= kWideMinRounds * sms) return e;
+      if (tiles >= kWideMinRounds * sms && (!with_extk_twin || has_extk_twin(*e))) return e;
       break;
     }
   }

@@ -59,11 +59,14 @@ int co_resident_clusters(const GemmKernelEntry& e);
 
 // The heuristic's kernel among `candidates` (not empty; in the kernel table's order of preference,
 // the transposed kernels last) for an M x N product of depth K, L batches, on `sms` SMs.
-// `with_extk_twin`: the product carries LoRA's rank-r pair (A2, B2), which only the preferred
-// data-parallel config folds into its K loop (gemm/sm90_extk.cuh); the mid-M choice is then
-// skipped so that the pair stays in the main GEMM.
+// `extk_twins`: null, or, for a product that carries LoRA's rank-r pair (A2, B2), the extended-K
+// kernels built for its layout (gemm/sm90_extk.cuh), which fold the pair into their K loop. Such
+// a product keeps to the configs that have one: the preferred data-parallel config, or the wide
+// tile's rule where the wide tile has one; the other rules (mid-M, stream-K, clusters) are skipped
+// so that the pair stays in the main GEMM.
 const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& candidates, int64_t M, int64_t N,
-                                     int64_t K, int64_t L, int sms, bool with_extk_twin);
+                                     int64_t K, int64_t L, int sms,
+                                     const std::vector<const GemmKernelEntry*>* extk_twins);
 
 // Split count for a stream-K kernel (GemmParams::splits): below one wave of output tiles, as many
 // splits as fit in one wave; from one wave on, 1 when the waves are full, else 0 (CUTLASS's

@@ -3,8 +3,11 @@
 //   kernel <config> <family> <tile_m> <tile_n> <cluster_size> <stream_k> <transposed> <active_clusters> <aux>
 //          <dtype: bf16, fp16 or tf32>
 //     appends a candidate (kernel table order; the transposed kernels last, as the binding does);
-//   query <M> <N> <K> <L> <sms> <with_extk_twin> <element_size>
-//     prints "<config> <splits>" (splits: split_k_factor for a stream-K pick, else 1);
+//   extk <config>
+//     adds an extended-K kernel of that config (the twins a product with LoRA's pair can use);
+//   query <M> <N> <K> <L> <sms> <with_extk> <element_size>
+//     prints "<config> <splits>" (splits: split_k_factor for a stream-K pick, else 1); with_extk 1:
+//     the product carries LoRA's pair, and the extk lines so far are its twins;
 //   slices <tile_m> <tile_n> <M> <N> <K> <sms>
 //     prints k_slices for a K-slices kernel of that tile;
 //   ffma <exact> <K> <outputs> <tiles_read_in_place>
@@ -12,7 +15,7 @@
 //   gemv <fp32> <exact> <rows> <N>
 //     prints 1 where the few-column kernel is the heuristic's choice (gemv_chosen), else 0;
 //   reset
-//     clears the candidates.
+//     clears the candidates and the extended-K kernels.
 #include <array>
 #include <cstdio>
 #include <deque>
@@ -46,6 +49,7 @@ int main() {
   std::deque<std::string> strings;  // stable storage for the entries' names
   std::deque<cutlass_ext::GemmKernelEntry> entries;
   std::vector<const cutlass_ext::GemmKernelEntry*> candidates;
+  std::vector<const cutlass_ext::GemmKernelEntry*> extk;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -85,12 +89,24 @@ int main() {
       e.active_clusters = kClusterFns[slot];
       entries.push_back(e);
       candidates.push_back(&entries.back());
+    } else if (what == "extk") {
+      std::string config;
+      in >> config;
+      if (bad(bool(in), "extk line")) return 1;
+      strings.push_back(config);
+      cutlass_ext::GemmKernelEntry e{};
+      e.name = strings.back().c_str();
+      e.config = e.name;
+      e.arch = 90;
+      e.ext_k = true;
+      entries.push_back(e);
+      extk.push_back(&entries.back());
     } else if (what == "query") {
       long long M, N, K, L, element_size;
-      int sms, extk;
-      in >> M >> N >> K >> L >> sms >> extk >> element_size;
+      int sms, with_extk;
+      in >> M >> N >> K >> L >> sms >> with_extk >> element_size;
       if (bad(in && !candidates.empty(), "query line (or no kernels)")) return 1;
-      const cutlass_ext::GemmKernelEntry* e = cutlass_ext::select_kernel(candidates, M, N, K, L, sms, extk != 0);
+      const cutlass_ext::GemmKernelEntry* e = cutlass_ext::select_kernel(candidates, M, N, K, L, sms, with_extk != 0 ? &extk : nullptr);
       const int splits = e->stream_k ? cutlass_ext::split_k_factor(*e, M, N, K, L, sms, element_size) : 1;
       std::printf("%s %d\n", e->config, splits);
     } else if (what == "slices") {
@@ -117,6 +133,7 @@ int main() {
       std::printf("%d\n", int(cutlass_ext::gemv_chosen(fp32 != 0, exact != 0, rows, N)));
     } else if (what == "reset") {
       candidates.clear();
+      extk.clear();
       g_clusters.fill(0);
     } else if (!what.empty()) {
       std::printf("error: unknown line: %s\n", line.c_str());

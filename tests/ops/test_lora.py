@@ -876,8 +876,47 @@ def test_rank_r_term_inside_the_main_gemm(dtype_name, act, r):
     inputs, grad_out = layer_case(EXTK_SHAPE, r, DTYPES[dtype_name])
     (y, ours), names = gemm_kernels_run(
         lambda: grads_of(lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act), inputs, grad_out))
-    assert sum("ExtKMainloop" in n for n in names) == 2, [n[:160] for n in names]
+    extk = [n for n in names if "ExtKMainloop" in n]
+    assert len(extk) == 2 and all("Pingpong" in n for n in extk), [n[:160] for n in names]
     assert not [n for n in names if "lowk" in n], [n[:160] for n in names]
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
+    ref_y, ref = reference_grads(y, inputs, grad_out, act)
+    assert_close_to_reference(y, ref_y, peer_lora(*inputs, SCALING, act), dtype_name, what="y")
+    for name, o, pr, rf in zip(("dx", "dweight", "dA", "dB", "dbias"), ours, peer, ref):
+        assert_close_to_reference(o, rf, pr, dtype_name, what=name)
+
+
+# rows, in, out: 3 or more rounds of 128x256 tiles over an H100/H200's SMs in the forward and in
+# dx (32 x 17 = 544 tiles), over K >= 4096 with a partial last stage, rows not a multiple of 128.
+WIDE_EXTK_SHAPE = (4000, 4104, 4104)
+
+
+@requires_cuda
+@pytest.mark.parametrize("act", ["none", "gelu"])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_rank_r_term_inside_the_wide_tile(dtype_name, act):
+    # Where the frozen layer's products take the cooperative 128x256 tile (select_kernel's rule
+    # from 3 rounds of it over K >= 4096), LoRA's forward and dx fold the rank-r term into that
+    # tile's extended-K kernels, not into the 128x128 ones.
+    built = dict(cutlass_ext.build().kernels())
+    suffix = "128x256_2x1_coop"
+    needed = [f"sm90_{dtype_name}_{form}_{suffix}" for form in ("kk_extk_bias_act", "kk_extk_bias_act_aux",
+                                                                 "kn_extk_bias_act")]
+    if not all(name in built for name in needed):
+        pytest.skip("the 16-bit 128x256 extended-K kernels are not in this (selective) build")
+    rows, in_f, out_f = WIDE_EXTK_SHAPE
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if math.ceil(rows / 128) * math.ceil(min(in_f, out_f) / 256) < 3 * sms:
+        pytest.skip("fewer than 3 rounds of 128x256 tiles on this GPU")
+    inputs, grad_out = layer_case(WIDE_EXTK_SHAPE, 16, DTYPES[dtype_name])
+
+    def step():
+        return grads_of(lambda *a: cutlass_ext.lora_linear(*a, scaling=SCALING, activation=act), inputs, grad_out)
+
+    (y, ours), names = gemm_kernels_run(step)
+    extk = [n for n in names if "ExtKMainloop" in n]
+    # The extended-K kernels are built on the ping-pong 128x128 and the cooperative 128x256 tiles.
+    assert len(extk) == 2 and all("Cooperative" in n for n in extk), [n[:160] for n in names]
     _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, act), inputs, grad_out)
     ref_y, ref = reference_grads(y, inputs, grad_out, act)
     assert_close_to_reference(y, ref_y, peer_lora(*inputs, SCALING, act), dtype_name, what="y")
