@@ -886,6 +886,16 @@ def test_rank_r_term_inside_the_main_gemm(dtype_name, act, r):
         assert_close_to_reference(o, rf, pr, dtype_name, what=name)
 
 
+def test_the_extended_k_tests_cover_every_extended_k_config():
+    # test_every_kernel (tests/ops/test_linear.py) leaves the extended-K kernels to the two tests
+    # around this one, which reach the 128x128 ping-pong config and the 128x256 cooperative one
+    # through the selection rule; a new extended-K config needs its own shape and test.
+    from cutlass_ext import _kernel_table
+
+    configs = {k.config.name for k in _kernel_table.all_kernels() if k.ext_k}
+    assert configs == {"128x128_1x2_pp", "128x256_2x1_coop"}, configs
+
+
 # rows, in, out: 3 or more rounds of 128x256 tiles over an H100/H200's SMs in the forward and in
 # dx (32 x 17 = 544 tiles), over K >= 4096 with a partial last stage, rows not a multiple of 128.
 WIDE_EXTK_SHAPE = (4000, 4104, 4104)
