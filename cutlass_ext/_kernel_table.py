@@ -49,7 +49,7 @@ SM90_CONFIGS = (
     ),
     GemmConfig(
         "128x256_2x1_coop", 128, 256, 2, 1, "Cooperative", "PersistentScheduler",
-        use="large M and N with TF32 (fp32 inputs); 16-bit types: at least 3 rounds of its tiles over K >= 4096",
+        use="large M and N with TF32 (fp32 inputs); 16-bit types: 1.5 rounds of its tiles and more over K >= 4096",
     ),
     GemmConfig(
         "128x128_1x1_coop_sk", 128, 128, 1, 1, "Cooperative", "StreamKScheduler",
@@ -422,7 +422,7 @@ def all_kernels() -> list[GemmKernel]:
             # main GEMM: the forward [x | s t] @ [W | B]^T (K-major operands, with or without the
             # pre-activation) and dx = [dz | s U] @ [W ; A] (N-major second operands), on the
             # preferred data-parallel tile and on the wide tile that the frozen layer's own
-            # products take from 3 rounds of it (select_kernel).
+            # products take over a long K (select_kernel).
             if dtype != "tf32" and a == "k":
                 for aux in (False, True) if b == "k" else (False,):
                     for cfg in (EXTK_CONFIG,) + WIDE_16BIT_CONFIGS:

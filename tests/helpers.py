@@ -132,6 +132,17 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     return max(filling) if filling else min(widths)
 
 
+def wide_tile(m: int, k: int, n: int, sms: int) -> bool:
+    """Whether the GEMM heuristic (csrc/bindings/gemm_select.cpp) runs a 16-bit m x k -> n product
+    (not an aux forward of a mid-size M, no batch) on the cooperative 128x256 tile: K >= 4096,
+    M, N >= 2048, at least 1.5 rounds of its tiles over ``sms`` SMs, and its rounds, worth twice as
+    many of 128x128 tiles, at most 1.07x the 128x128 tiles' rounds."""
+    n_padded = math.ceil(n / 8) * 8
+    wide, narrow = math.ceil(m / 128) * math.ceil(n_padded / 256), math.ceil(m / 128) * math.ceil(n_padded / 128)
+    return (k >= 4096 and min(m, n) >= 2048 and 2 * wide >= 3 * sms
+            and 2 * math.ceil(wide / sms) * 100 <= 107 * math.ceil(narrow / sms))
+
+
 def aux_cooperative(m: int, k: int, n: int, sms: int) -> bool:
     """Whether the GEMM heuristic (csrc/bindings/gemm_select.cpp) runs a bf16 m x k -> n training
     forward of a GELU/SiLU layer (the aux epilogue) on the cooperative 128x128 tile: more than 256

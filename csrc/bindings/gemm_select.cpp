@@ -78,11 +78,12 @@ constexpr int64_t kAuxCooperativeMaxK = 1024;
 constexpr int64_t kAuxCooperativeMinN = 256;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
-// 16-bit products over at least this K, with M and N at least kWideMinMN and at least kWideMinRounds
-// rounds of 128x256 tiles over the SMs, take the cooperative 128x256 tile (select_kernel).
+// 16-bit products over at least this K, with M and N at least kWideMinMN and at least 1.5 rounds of
+// 128x256 tiles over the SMs, take the cooperative 128x256 tile where its rounds, weighted by its
+// tile area and discounted by kWideGainPct, do not exceed the preferred tile's (select_kernel).
 constexpr int64_t kWideMinK = 4096;
 constexpr int64_t kWideMinMN = 2048;
-constexpr int64_t kWideMinRounds = 3;
+constexpr int64_t kWideGainPct = 7;
 // Below half a wave of 128x128 tiles, products up to this K take the transposed 64-row tiles
 // instead of splitting K (select_kernel); longer K (a weight gradient over many rows) still splits.
 constexpr int64_t kSubWaveTransposedMaxK = 4096;
@@ -495,22 +496,30 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     }
     if (wide_sk != nullptr && 2 * wide_sk->tile_n >= best_dp->tile_n) return wide_sk;
   }
-  // 16-bit products of several rounds of tiles over a long K: the cooperative 128x256 tile, where
-  // one is built for the layout. Timed alone at the GPU's power cap (as a long training run keeps
-  // it), the 128x128 ping-pong tile ran at a 10-14% lower clock than the wide tile for as many
-  // cycles; on an H200 (bench/NOTES.md section 44, 20 products back to back) the wide tile was
-  // 2.5% faster at 4096^3 (3.9 rounds of its tiles), 4% at 8192 x 4096 x 4096 (7.8) and 8% at
-  // 6144^3 (8.7), and tied at 4096 x 4096 -> 11008 (10.4). Through the package (section 45,
-  // sustained graph replays) it held 0.95-1.02x cuBLAS on the 8 products of 3.9-43 rounds, up
-  // to 16384 x 4096 -> 11008, where the ping-pong tile ranged 0.82-1.03x (below 0.93x on 6 of
-  // them; ahead only on 2048 x 4096 -> 11008, 1.03x against 0.98x); below 3 rounds (2048 x 4096
-  // -> 4096, 1.9) the two were within the runs' spread.
+  // 16-bit products of more than a round of tiles over a long K: the cooperative 128x256 tile,
+  // where one is built for the layout, unless its last round idles more SMs than its speed makes up
+  // for. Timed alone at the GPU's power cap (as a long training run keeps it), the 128x128
+  // ping-pong tile ran at a 10-14% lower clock than the wide tile for as many cycles. Through the
+  // package on an H200 (bench/NOTES.md sections 45-46, sustained graph replays), the wide tile was
+  // 4-20% faster per unit of work (1-10% on 4 of them in a second run) on the 7 products where the
+  // two tiles need rounds in proportion to their areas (4096^3 to 16384 x 4096 -> 11008). Where
+  // they do not, the two ran as their rounds say: 2048 x 4096 -> 11008 (6 rounds of wide tiles,
+  // worth 12 of 128x128 ones, against 11) 1.00 and 1.03x cuBLAS on the ping-pong tile, 0.97 and
+  // 0.98x on the wide one, in two runs; 2048 x 4096 -> 4096 (2 rounds against 4) 0.96 against
+  // 0.97-0.98x. A persistent grid's time follows its rounds (the busiest CTA's tiles), so the wide
+  // tile is taken where its rounds, weighted by its area, stay within the preferred tile's plus
+  // kWideGainPct (a middle value of the measured gain), from 1.5 rounds (the fewest measured).
   // A product with LoRA's pair takes the tile where it has an extended-K twin.
   if (!tf32 && best_dp != nullptr && !only_transposed && K >= kWideMinK && M >= kWideMinMN && N >= kWideMinMN) {
     for (const GemmKernelEntry* e : cutlass) {
-      if (e->transposed || e->stream_k || e->tile_m * e->tile_n <= best_dp->tile_m * best_dp->tile_n) continue;
+      const int64_t area = e->tile_m * e->tile_n, dp_area = best_dp->tile_m * best_dp->tile_n;
+      if (e->transposed || e->stream_k || area <= dp_area) continue;
       const int64_t tiles = output_tiles(*e, M, N, L);
-      if (tiles >= kWideMinRounds * sms && (!with_extk_twin || has_extk_twin(*e))) return e;
+      const int64_t rounds = (tiles + sms - 1) / sms, dp_rounds = (dp_tiles + sms - 1) / sms;
+      if (2 * tiles >= 3 * int64_t(sms) && rounds * area * 100 <= dp_rounds * dp_area * (100 + kWideGainPct) &&
+          (!with_extk_twin || has_extk_twin(*e))) {
+        return e;
+      }
       break;
     }
   }

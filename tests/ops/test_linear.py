@@ -18,7 +18,7 @@ from cutlass_ext.ops import linear as linear_ops
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
                        cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_n_tile,
-                       unit_in_last_place)
+                       unit_in_last_place, wide_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -1045,16 +1045,20 @@ def test_one_column_tile_takes_the_transposed_tile(n):
 def test_several_rounds_over_a_long_k_take_the_wide_tile_in_training(dtype_name, monkeypatch):
     # A GELU layer's training step at 4096 x 4096 -> 4096 (3.9 rounds of 128x256 tiles on 132 SMs,
     # K = 4096): the forward with its pre-activation, dX and dW all on the cooperative 128x256
-    # tile (select_kernel, bench/NOTES.md sections 44-45); 2048 rows (1.9 rounds) stay on 128x128 tiles.
+    # tile (select_kernel, bench/NOTES.md sections 44-46); 1536 rows stay on 128x128 tiles (fewer
+    # than 2048 rows in the forward and dX, a K of 1536 in dW).
     built = dict(cutlass_ext.build().kernels())
     wide = [f"sm90_{dtype_name}_{e}_128x256_2x1_coop" for e in ("kk_bias_act_aux", "kn_plain", "mn_plain")]
     if not all(n in built for n in wide):
         pytest.skip("the 16-bit 128x256 kernels are not in this (selective) build")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     dtype = DTYPES[dtype_name]
-    for m in (4096, 2048):
+    for m in (4096, 1536):
         k = n = 4096
-        takes_wide = math.ceil(m / 128) * math.ceil(n / 256) >= 3 * sms
+        # The forward, dX = dY W and dW = dY^T X.
+        takes = {wide_tile(m, k, n, sms), wide_tile(m, n, k, sms), wide_tile(n, m, k, sms)}
+        assert len(takes) == 1, (m, takes)
+        takes_wide = takes.pop()
         x = rand(m, k, device="cuda", dtype=dtype).requires_grad_()
         W = rand(n, k, device="cuda", dtype=dtype, scale=k ** -0.5).requires_grad_()
         bias = rand(n, device="cuda", dtype=dtype).requires_grad_()

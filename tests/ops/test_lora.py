@@ -21,6 +21,7 @@ from ..helpers import (
     cuda_kernels_run,
     fp32_precision,
     gemm_kernels_run,
+    wide_tile,
 )
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32"]
@@ -896,9 +897,10 @@ def test_the_extended_k_tests_cover_every_extended_k_config():
     assert configs == {"128x128_1x2_pp", "128x256_2x1_coop"}, configs
 
 
-# rows, in, out: 3 or more rounds of 128x256 tiles over an H100/H200's SMs in the forward and in
-# dx (32 x 17 = 544 tiles), over K >= 4096 with a partial last stage, rows not a multiple of 128.
-WIDE_EXTK_SHAPE = (4000, 4104, 4104)
+# rows, in, out: the forward and dx take 128x256 tiles on an H100/H200 (31 x 17 = 527 of them, 4
+# rounds over 132 SMs, against 8 rounds of 128x128 tiles), over K >= 4096 with a partial last
+# stage, rows not a multiple of 128.
+WIDE_EXTK_SHAPE = (3900, 4104, 4104)
 
 
 @requires_cuda
@@ -906,7 +908,7 @@ WIDE_EXTK_SHAPE = (4000, 4104, 4104)
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
 def test_rank_r_term_inside_the_wide_tile(dtype_name, act):
     # Where the frozen layer's products take the cooperative 128x256 tile (select_kernel's rule
-    # from 3 rounds of it over K >= 4096), LoRA's forward and dx fold the rank-r term into that
+    # over K >= 4096), LoRA's forward and dx fold the rank-r term into that
     # tile's extended-K kernels, not into the 128x128 ones.
     built = dict(cutlass_ext.build().kernels())
     suffix = "128x256_2x1_coop"
@@ -916,8 +918,8 @@ def test_rank_r_term_inside_the_wide_tile(dtype_name, act):
         pytest.skip("the 16-bit 128x256 extended-K kernels are not in this (selective) build")
     rows, in_f, out_f = WIDE_EXTK_SHAPE
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if math.ceil(rows / 128) * math.ceil(min(in_f, out_f) / 256) < 3 * sms:
-        pytest.skip("fewer than 3 rounds of 128x256 tiles on this GPU")
+    if not (wide_tile(rows, in_f, out_f, sms) and wide_tile(rows, out_f, in_f, sms)):
+        pytest.skip("the frozen layer's products do not take 128x256 tiles on this GPU's SMs")
     inputs, grad_out = layer_case(WIDE_EXTK_SHAPE, 16, DTYPES[dtype_name])
 
     def step():
