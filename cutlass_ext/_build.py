@@ -196,7 +196,7 @@ def gencode_flags(archs: tuple[str, ...]) -> list[str]:
 
 
 # Memory budgeted per parallel compile job (default_jobs).
-JOB_MEMORY_GIB = 5
+JOB_MEMORY_GIB = 7
 
 
 def default_jobs() -> int:
@@ -210,8 +210,9 @@ def default_jobs() -> int:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gib = 8.0
-    # A generated CUTLASS sm90 unit (two base units, four kernels) peaked at 4.5 GB of resident
-    # memory in nvcc's tools, one with one kernel at 3.4 GB (GNU time on a development machine).
+    # A generated CUTLASS sm90 file of five 16-bit base units (ten kernels) peaked at 7.0 GB of
+    # resident memory in nvcc's tools, one of two (four kernels) at 4.5 GB, one kernel at 3.4 GB
+    # (GNU time on a development machine).
     return max(1, min(cpus, int(mem_gib // JOB_MEMORY_GIB)))
 
 
@@ -325,18 +326,32 @@ class BuildConfig:
 
 
 # Compile seconds of one translation unit in a full build (16 jobs on an H200 machine, ninja's
-# log: bench/results/build-h200.json), rounded, to list the longest first: by then a CUTLASS 3.x
-# file (two base units) took 75-139 s (median 105), the layer-norm kernels 96 s, a CUTLASS 2.x
-# file 32-44 s, a hand-written source otherwise 1-40 s and a generated hand-written GEMM family
-# 7-25 s. Replayed on 16 slots, that log's jobs in this order end 25 s (8%) sooner than with the
-# hand-written sources first, as they were listed before (the layer-norm kernels then started at
-# the front but the CUTLASS 3.x units, the bulk, only after the other sources).
+# log: bench/results/build-h200.json), rounded, to list the longest first: a CUTLASS 3.x file
+# took ~56 s for one base unit and ~90 s (16-bit) or ~75 s (TF32) for two, the layer-norm kernels
+# 75-96 s, a CUTLASS 2.x file 22-44 s, a hand-written source otherwise 1-40 s and a generated
+# hand-written GEMM family 6-25 s. Replayed on 16 slots, such a log's jobs in this order ended 25 s
+# (8%) sooner than with the hand-written sources first, as they were listed before (the
+# layer-norm kernels then started at the front but the CUTLASS 3.x units, the bulk, only after
+# the other sources).
 COMPILE_SECONDS = {
-    "sm90": 105.0, "simt": 42.0, "sm80": 34.0,  # generated CUTLASS files, by kernel family
+    "simt": 42.0, "sm80": 34.0,  # generated CUTLASS 2.x files, by kernel family
     "generated": 20.0,  # a generated hand-written GEMM family (lowk, gemv, ffma, ...)
     "elementwise/layer_norm_kernels.cu": 96.0,
     "source": 30.0,  # any other hand-written source
 }
+# A CUTLASS 3.x file's estimate by unit class: its first base unit, and each further one.
+CUTLASS3_FILE_SECONDS = {"sm90_16bit": (56.0, 30.0), "sm90_tf32": (57.0, 19.0)}
+
+
+def unit_seconds(group: list) -> float:
+    """The estimated compile time of a generated file of ``group``'s kernels (COMPILE_SECONDS)."""
+    first = group[0]
+    if first.hand_written:
+        return COMPILE_SECONDS["generated"]
+    if first.unit_class in CUTLASS3_FILE_SECONDS:
+        alone, each_more = CUTLASS3_FILE_SECONDS[first.unit_class]
+        return alone + each_more * (len({k.base_unit for k in group}) - 1)
+    return COMPILE_SECONDS[first.family]
 
 
 def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
@@ -367,8 +382,7 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
         # Relative to the build directory (ninja runs in it): a build tree copied under another
         # name keeps its commands, and so its up-to-date objects.
         rule = f"build {obj}: nvcc gen/{src.name}\n  arch_flags = {' '.join(group[0].gencodes(config.archs))}\n"
-        kind = "generated" if group[0].hand_written else group[0].family
-        jobs.append((COMPILE_SECONDS[kind], rule, obj))
+        jobs.append((unit_seconds(group), rule, obj))
     jobs.sort(key=lambda job: -job[0])  # stable: equal estimates keep the listing's order
     rules = [rule for _, rule, _ in jobs]
     objects = [obj for _, _, obj in jobs]

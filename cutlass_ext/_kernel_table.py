@@ -1,7 +1,7 @@
 """The one list of GEMM instantiations.
 
-The entries are compiled in small generated ``.cu`` files (two base units each, so that ninja
-compiles many in parallel; ``translation_units``), and the generated registry lists exactly the
+The entries are compiled in generated ``.cu`` files (a few base units each, so that ninja
+compiles them in parallel; ``translation_units``), and the generated registry lists exactly the
 same entries for the host binding's dispatch. Nothing else
 names a kernel: add a config or a layout here and the build, the dispatch and
 ``python -m cutlass_ext.info`` all follow.
@@ -302,7 +302,7 @@ class GemmKernel:
         hand-written kernels; for a CUTLASS 3.x 16-bit instantiation, its bf16 and fp16 versions
         (the two share most of the compiler's template work: one unit of both took 58-64 s of one
         core against ~100 s for two units); otherwise the kernel alone. ``translation_units``
-        puts two CUTLASS base units in one file."""
+        puts several CUTLASS base units in one file."""
         if self.hand_written:
             return f"{self.family}_{self.dtype}"
         if self.family == "sm90" and self.dtype in ("bf16", "fp16"):
@@ -478,20 +478,31 @@ def all_kernels() -> list[GemmKernel]:
     return kernels
 
 
-# Base units per generated CUTLASS file. Every unit parses the CUTLASS/CuTe headers again (an
-# empty sm90 unit: 26 s of one core on a 2-core development machine, against 79 s for one kernel),
-# and instantiations of one layout share much of their template work: a unit of two 16-bit base
-# units (four kernels) took 122 s of one core there against 87 s for each alone. On a 16-core H200
-# machine the full build went from 4m17s (3975 CPU-seconds, one base unit a file) to 2m59s (2573;
-# bench/NOTES.md section 34).
-BASE_UNITS_PER_FILE = 2
+# Base units per generated CUTLASS file, by unit class (DEFAULT_BASE_UNITS_PER_FILE for the
+# others). Every unit parses the CUTLASS/CuTe headers again (an empty sm90 unit: 26 s of one core
+# on a 2-core development machine, against 79 s for one kernel), and instantiations of one layout
+# share much of their template work: a unit of two 16-bit base units (four kernels) took 122 s of
+# one core there against 87 s for each alone, and the first four 16-bit base units of the table
+# (eight kernels) 115 s against 88 s for the first two. On a 16-core H200 machine the full build
+# went from 4m17s (3975 CPU-seconds, one base unit a file) to 2m59s (2573) with two a file
+# (bench/NOTES.md section 34); with 128 instantiations it took 4m09s (3687 CPU-seconds) and its
+# 36 Hopper files 81% of the CPU time (section 46). Five a file makes 14 Hopper files, fewer than
+# the machine's 16 cores, which run the other sources beside them.
+BASE_UNITS_PER_FILE = {"sm90_16bit": 5, "sm90_tf32": 5}
+DEFAULT_BASE_UNITS_PER_FILE = 2
+
+
+def base_units_per_file(unit_class: str) -> int:
+    """How many base units of ``unit_class`` a generated file holds (its last may hold fewer)."""
+    return BASE_UNITS_PER_FILE.get(unit_class, DEFAULT_BASE_UNITS_PER_FILE)
 
 
 def translation_units(kernels: list[GemmKernel]) -> dict[str, list[GemmKernel]]:
     """``kernels`` grouped by the generated .cu file (name without suffix) that defines them, in
     the order of their first kernel: each hand-written base unit alone, the CUTLASS ones
-    BASE_UNITS_PER_FILE at a time in table order within one ``unit_class`` (a selective build
-    groups what it keeps). A group shares one header and one set of gencodes."""
+    ``base_units_per_file`` at a time in table order within one ``unit_class`` (a selective build
+    groups what it keeps), named by their first base unit and, for more than one, their count. A
+    group shares one header and one set of gencodes."""
     bases: dict[str, list[GemmKernel]] = {}
     for kernel in kernels:
         bases.setdefault(kernel.base_unit, []).append(kernel)
@@ -503,14 +514,15 @@ def translation_units(kernels: list[GemmKernel]) -> dict[str, list[GemmKernel]]:
             names, members = open_file[cls]
             names.append(name)
             members.extend(group)
-            if len(names) >= BASE_UNITS_PER_FILE:
+            if len(names) >= base_units_per_file(cls):
                 del open_file[cls]
             continue
         entry = ([name], list(group))
         files.append(entry)
-        if not group[0].hand_written and BASE_UNITS_PER_FILE > 1:
+        if not group[0].hand_written and base_units_per_file(cls) > 1:
             open_file[cls] = entry
-    return {"__".join(names): members for names, members in files}
+    # Named by the first base unit (each base unit is in one file) and their count.
+    return {names[0] + (f"__{len(names)}_units" if len(names) > 1 else ""): members for names, members in files}
 
 
 def unit_of(kernels: list[GemmKernel]) -> dict[str, str]:

@@ -164,15 +164,16 @@ def test_build_tree(tmp_path):
         # Relative to the build directory, so that a copied build tree keeps its objects.
         assert f"build obj/{unit}.o: nvcc gen/{unit}.cu\n" in ninja
     # The hand-written kernels of a family and dtype share one file; the CUTLASS instantiations
-    # (a CUTLASS 3.x one with its fp16 twin, not built here) go two base units to a file.
+    # (a CUTLASS 3.x one with its fp16 twin, not built here) go base_units_per_file of their class
+    # to a file.
     assert "lowk_bf16" in units
     cutlass = [k for k in config.kernels if not k.hand_written]
     bases = {}
     for kernel in cutlass:
         bases.setdefault(kernel.unit_class, set()).add(kernel.base_unit)
     assert set(bases) == {"sm90_16bit", "sm80_16bit", "simt_f32"} and len(bases["sm90_16bit"]) > 2
-    per_file = _kernel_table.BASE_UNITS_PER_FILE
-    assert len(units) == 1 + sum(-(-len(b) // per_file) for b in bases.values())
+    per_file = _kernel_table.base_units_per_file
+    assert len(units) == 1 + sum(-(-len(b) // per_file(cls)) for cls, b in bases.items())
     assert sorted(p.stem for p in (tmp_path / "gen").glob("*.cu")) == sorted(units)
     static = _build.static_sources()
     assert "bindings/gemm.cpp" in static and "elementwise/activation_kernels.cu" in static
@@ -188,16 +189,25 @@ def test_build_tree(tmp_path):
         rule = "nvcc" if rel.endswith(".cu") else "cxx"
         assert f"build obj/{rel.replace('/', '_').rsplit('.', 1)[0]}.o: {rule}" in ninja
     assert "build obj/gemm_registry.o: cxx" in ninja
-    # The compile jobs are listed longest first by their estimates: the CUTLASS 3.x units, then
-    # the layer-norm kernels, the CUTLASS 2.x units, the other hand-written sources and last the
-    # hand-written GEMM families.
+    # The compile jobs are listed longest first by their estimates (_build.unit_seconds): here
+    # four CUTLASS 3.x files of five base units, the layer-norm kernels, the CUTLASS 3.x file of
+    # two, the CUTLASS 2.x files, the other hand-written sources and last the hand-written GEMMs.
     listed = re.findall(r"^build (obj/\S+):", ninja, re.M)
+    groups = _kernel_table.translation_units(list(config.kernels))
+    estimate = {f"obj/{name}.o": _build.unit_seconds(group) for name, group in groups.items()}
+    for rel in static:
+        obj = "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
+        estimate[obj] = _build.COMPILE_SECONDS.get(rel, _build.COMPILE_SECONDS["source"])
+    seconds = [estimate[obj] for obj in listed if obj != "obj/gemm_registry.o"]
+    assert seconds == sorted(seconds, reverse=True) and len(seconds) == len(listed) - 1
+    sm90_sizes = [len({k.base_unit for k in groups[obj[4:-2]]}) for obj in listed if obj.startswith("obj/sm90_")]
+    assert sm90_sizes == [5, 5, 5, 5, 2], sm90_sizes
     first_of = {kind: next(i for i, obj in enumerate(listed) if obj.startswith(kind))
                 for kind in ("obj/sm90_", "obj/elementwise_layer_norm_kernels", "obj/sm80_", "obj/simt_",
                              "obj/bindings_gemm.o", "obj/lowk_")}
     last_sm90 = max(i for i, obj in enumerate(listed) if obj.startswith("obj/sm90_"))
-    assert first_of["obj/sm90_"] == 0 and last_sm90 == len(sm90_units) - 1
-    assert last_sm90 < first_of["obj/elementwise_layer_norm_kernels"] < first_of["obj/simt_"] < first_of["obj/sm80_"]
+    assert first_of["obj/sm90_"] == 0 and first_of["obj/elementwise_layer_norm_kernels"] == 4
+    assert last_sm90 == 5 and last_sm90 < first_of["obj/simt_"] < first_of["obj/sm80_"]
     assert first_of["obj/sm80_"] < first_of["obj/bindings_gemm.o"] < first_of["obj/lowk_"]
     assert "-D_GLIBCXX_USE_CXX11_ABI=1" in ninja and "-ltorch_python" in ninja
     registry = (tmp_path / "gen" / "gemm_registry.cpp").read_text()
@@ -221,11 +231,12 @@ def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
     assert both[0].gencodes(("90a", "80")) == ["-gencode=arch=compute_80,code=sm_90", "-gencode=arch=compute_80,code=sm_80"]
 
 
-def test_units_pair_base_units_of_one_class():
+def test_units_group_base_units_of_one_class():
     """The bf16 and fp16 versions of a CUTLASS 3.x config form one base unit; tf32 and the other
-    CUTLASS families' kernels are their own. A file holds BASE_UNITS_PER_FILE (two) base units of
-    one class (the last of a class may hold fewer) and the hand-written ones alone; a selective
-    build of one dtype writes only that dtype's kernels."""
+    CUTLASS families' kernels are their own. A file holds base_units_per_file base units of one
+    class (five for the Hopper classes, two for the others; the last of a class may hold fewer),
+    named by the first and their count, and the hand-written ones alone; a selective build of one
+    dtype writes only that dtype's kernels."""
     kernels = _kernel_table.all_kernels()
     units = _kernel_table.translation_units(kernels)
     assert sorted(k.name for group in units.values() for k in group) == sorted(k.name for k in kernels)
@@ -233,7 +244,7 @@ def test_units_pair_base_units_of_one_class():
     for name, group in units.items():
         assert len({k.unit_class for k in group}) == 1 and len({k.family for k in group}) == 1
         bases = list(dict.fromkeys(k.base_unit for k in group))
-        assert name == "__".join(bases)
+        assert name == bases[0] + (f"__{len(bases)}_units" if len(bases) > 1 else "")
         for base in bases:
             members = [k for k in group if k.base_unit == base]
             if base.startswith("sm90_16bit_"):
@@ -244,8 +255,10 @@ def test_units_pair_base_units_of_one_class():
         if group[0].hand_written:
             assert len(bases) == 1
         else:
-            assert len(bases) <= _kernel_table.BASE_UNITS_PER_FILE
-            if len(bases) < _kernel_table.BASE_UNITS_PER_FILE:
+            per_file = _kernel_table.base_units_per_file(group[0].unit_class)
+            assert per_file == (5 if group[0].family == "sm90" else 2)
+            assert len(bases) <= per_file
+            if len(bases) < per_file:
                 alone.append(group[0].unit_class)
     assert len(alone) == len(set(alone))
     assert len(units) < len({k.base_unit for k in kernels})
@@ -254,7 +267,7 @@ def test_units_pair_base_units_of_one_class():
     source = _kernel_table.unit_source(one["sm90_16bit_kk_bias_act_128x128_1x2_pp"])
     assert "sm90_fp16_kk_bias_act_128x128_1x2_pp," in source and "sm90_bf16_" not in source
     two = _kernel_table.translation_units(_kernel_table.select_kernels("sm90_fp16_kk_bias_act_128x128_1x"))
-    assert list(two) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp__sm90_16bit_kk_bias_act_128x128_1x1_coop_sk"]
+    assert list(two) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp__2_units"]
 
 
 def test_selective_build_and_kernel_table():
