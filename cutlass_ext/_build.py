@@ -326,13 +326,14 @@ class BuildConfig:
 
 
 # Compile seconds of one translation unit in a full build (16 jobs on an H200 machine, ninja's
-# log: bench/results/build-h200.json), rounded, to list the longest first: a CUTLASS 3.x file
-# took ~56 s for one base unit and ~90 s (16-bit) or ~75 s (TF32) for two, the layer-norm kernels
-# 75-96 s, a CUTLASS 2.x file 22-44 s, a hand-written source otherwise 1-40 s and a generated
-# hand-written GEMM family 6-25 s. Replayed on 16 slots, such a log's jobs in this order ended 25 s
-# (8%) sooner than with the hand-written sources first, as they were listed before (the
-# layer-norm kernels then started at the front but the CUTLASS 3.x units, the bulk, only after
-# the other sources).
+# log, two base units a file: bench/results/build-two-units-h200.json), rounded, to list the
+# longest first: a CUTLASS 3.x file took ~56 s for one base unit and ~90 s (16-bit) or ~75 s
+# (TF32) for two, the layer-norm kernels 75-96 s, a CUTLASS 2.x file 22-44 s, a hand-written
+# source otherwise 1-40 s and a generated hand-written GEMM family 6-25 s. Replayed on 16 slots,
+# an earlier such log's jobs in this order ended 25 s (8%) sooner than with the hand-written
+# sources first, as they were listed before (the layer-norm kernels then started at the front but
+# the CUTLASS 3.x units, the bulk, only after the other sources; bench/NOTES.md section 45). With
+# five base units a file (bench/results/build-h200.json) the Hopper files took 117-169 s.
 COMPILE_SECONDS = {
     "simt": 42.0, "sm80": 34.0,  # generated CUTLASS 2.x files, by kernel family
     "generated": 20.0,  # a generated hand-written GEMM family (lowk, gemv, ffma, ...)

@@ -482,12 +482,13 @@ def all_kernels() -> list[GemmKernel]:
 # others). Every unit parses the CUTLASS/CuTe headers again (an empty sm90 unit: 26 s of one core
 # on a 2-core development machine, against 79 s for one kernel), and instantiations of one layout
 # share much of their template work: a unit of two 16-bit base units (four kernels) took 122 s of
-# one core there against 87 s for each alone, and the first four 16-bit base units of the table
-# (eight kernels) 115 s against 88 s for the first two. On a 16-core H200 machine the full build
-# went from 4m17s (3975 CPU-seconds, one base unit a file) to 2m59s (2573) with two a file
-# (bench/NOTES.md section 34); with 128 instantiations it took 4m09s (3687 CPU-seconds) and its
-# 36 Hopper files 81% of the CPU time (section 46). Five a file makes 14 Hopper files, fewer than
-# the machine's 16 cores, which run the other sources beside them.
+# one core there against 87 s for each alone (bench/NOTES.md section 34). With today's table
+# (section 46, two compiles at once on that machine) the first two 16-bit base units took 88 s,
+# the first four 115 s, and five unlike ones (ten kernels) 172 s. On a 16-core H200 machine the
+# full build went from 4m17s (3975 CPU-seconds, one base unit a file) to 2m59s (2573) with two a
+# file (section 34); with 128 instantiations, two a file took 4m09s (3687 CPU-seconds, the 36
+# Hopper files 81% of it) and five a file 3m00s (2766; 14 Hopper files, fewer than the machine's
+# 16 cores, which run the other sources beside them).
 BASE_UNITS_PER_FILE = {"sm90_16bit": 5, "sm90_tf32": 5}
 DEFAULT_BASE_UNITS_PER_FILE = 2
 
