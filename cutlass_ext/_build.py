@@ -344,8 +344,19 @@ COMPILE_SECONDS = {
 CUTLASS3_FILE_SECONDS = {"sm90_16bit": (56.0, 30.0), "sm90_tf32": (57.0, 19.0)}
 
 
+def source_seconds(rel: str) -> float:
+    """The estimated compile time of the hand-written source ``rel`` (under csrc/)."""
+    return COMPILE_SECONDS.get(rel, COMPILE_SECONDS["source"])
+
+
+def static_object(rel: str) -> str:
+    """The object file of the hand-written source ``rel`` (under csrc/), relative to the build dir."""
+    return "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
+
+
 def unit_seconds(group: list) -> float:
-    """The estimated compile time of a generated file of ``group``'s kernels (COMPILE_SECONDS)."""
+    """The estimated compile time of a generated file of ``group``'s kernels (COMPILE_SECONDS,
+    CUTLASS3_FILE_SECONDS)."""
     first = group[0]
     if first.hand_written:
         return COMPILE_SECONDS["generated"]
@@ -365,17 +376,17 @@ def write_build_tree(config: BuildConfig, build_dir: Path) -> Path:
             path.write_text(text)
 
     # Ninja starts the compile jobs in the order build.ninja lists them, so they are listed by
-    # their expected compile time, longest first (COMPILE_SECONDS), the hand-written sources
-    # before generated units of the same estimate.
+    # their expected compile time, longest first (source_seconds, unit_seconds), the hand-written
+    # sources before generated units of the same estimate.
     jobs: list[tuple[float, str, str]] = []
     for rel in static_sources():
         src = CSRC_DIR / rel
-        obj = "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
+        obj = static_object(rel)
         if src.suffix == ".cu":
             rule = f"build {obj}: nvcc {src}\n  arch_flags = {' '.join(gencode_flags(config.archs))}\n"
         else:
             rule = f"build {obj}: cxx {src}\n"
-        jobs.append((COMPILE_SECONDS.get(rel, COMPILE_SECONDS["source"]), rule, obj))
+        jobs.append((source_seconds(rel), rule, obj))
     for name, group in _kernel_table.translation_units(list(config.kernels)).items():
         src = gen_dir / f"{name}.cu"
         write_if_changed(src, _kernel_table.unit_source(group))

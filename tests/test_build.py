@@ -187,7 +187,7 @@ def test_build_tree(tmp_path):
     assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(units) - len(sm90_units)
     for rel in static:
         rule = "nvcc" if rel.endswith(".cu") else "cxx"
-        assert f"build obj/{rel.replace('/', '_').rsplit('.', 1)[0]}.o: {rule}" in ninja
+        assert f"build {_build.static_object(rel)}: {rule}" in ninja
     assert "build obj/gemm_registry.o: cxx" in ninja
     # The compile jobs are listed longest first by their estimates (_build.unit_seconds): here
     # four CUTLASS 3.x files of five base units, the layer-norm kernels, the CUTLASS 3.x file of
@@ -195,9 +195,7 @@ def test_build_tree(tmp_path):
     listed = re.findall(r"^build (obj/\S+):", ninja, re.M)
     groups = _kernel_table.translation_units(list(config.kernels))
     estimate = {f"obj/{name}.o": _build.unit_seconds(group) for name, group in groups.items()}
-    for rel in static:
-        obj = "obj/" + rel.replace("/", "_").rsplit(".", 1)[0] + ".o"
-        estimate[obj] = _build.COMPILE_SECONDS.get(rel, _build.COMPILE_SECONDS["source"])
+    estimate.update({_build.static_object(rel): _build.source_seconds(rel) for rel in static})
     seconds = [estimate[obj] for obj in listed if obj != "obj/gemm_registry.o"]
     assert seconds == sorted(seconds, reverse=True) and len(seconds) == len(listed) - 1
     sm90_sizes = [len({k.base_unit for k in groups[obj[4:-2]]}) for obj in listed if obj.startswith("obj/sm90_")]

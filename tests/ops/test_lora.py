@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cutlass_ext
+from cutlass_ext import _kernel_table
 from cutlass_ext.ops import _activation, _rng
 
 from ..conftest import requires_cuda
@@ -891,8 +892,6 @@ def test_the_extended_k_tests_cover_every_extended_k_config():
     # test_every_kernel (tests/ops/test_linear.py) leaves the extended-K kernels to the two tests
     # around this one, which reach the 128x128 ping-pong config and the 128x256 cooperative one
     # through the selection rule; a new extended-K config needs its own shape and test.
-    from cutlass_ext import _kernel_table
-
     configs = {k.config.name for k in _kernel_table.all_kernels() if k.ext_k}
     assert configs == {"128x128_1x2_pp", "128x256_2x1_coop"}, configs
 
