@@ -6,6 +6,8 @@ Providers:
   cutlass_ext   cutlass_ext.<op>
   eager         the same math in PyTorch eager (torch.softmax, F.layer_norm(F.relu(x)), ...)
   compile       torch.compile of the eager function (default mode, one static compile per shape)
+  plain_launch  with --plain-launch: cutlass_ext.<op> with the split reductions' second kernels
+                launched the usual way instead of as programmatic dependents of the first
 
 Bandwidth counts the bytes an op must move at least (each input read once, each output written
 once; the backward reads what it needs, e.g. softmax's y and dy); "copy" is x.copy_ of a tensor
@@ -19,11 +21,13 @@ record lists the captured ones under "graphed".
     python bench/elementwise.py                          # everything, bf16
     python bench/elementwise.py --ops softmax --modes fwd --dtypes bf16,fp32
     python bench/elementwise.py --graphs --modes fwdbwd --out bench/results/elementwise-graphs-h200.json
+    python bench/elementwise.py --graphs --ops bias_relu,sum_dim0 --modes fwdbwd --plain-launch
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -34,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Timer, geomean, graphed, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
+from cutlass_ext.ops import _runtime  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -127,7 +132,7 @@ def run(args):
                 for mode in args.modes:
                     if mode == "fwdbwd" and case.bwd_bytes == 0:
                         continue
-                    rec = time_case(timer, case, mode, args.graphs)
+                    rec = time_case(timer, case, mode, args.graphs, args.plain_launch)
                     bytes_moved = (case.fwd_bytes + (case.bwd_bytes if mode == "fwdbwd" else 0)) * n * esize
                     rec.update(dtype=dname, rows=rows, cols=cols, copy_gbs=copy_gbs,
                                gbs={p: bytes_moved / t * 1e-3 for p, t in rec["us"].items()})
@@ -140,7 +145,9 @@ def run(args):
                     print(f"{dname} {case.name:24s} {mode:6s} {rows:6d}x{cols:<6d} "
                           f"ours {us['cutlass_ext']:8.1f} us {rec['gbs']['cutlass_ext']:6.0f} GB/s "
                           f"({100 * rec['pct_copy']:3.0f}% of copy) | eager x{us['eager'] / us['cutlass_ext']:.2f} "
-                          f"compile x{us['compile'] / us['cutlass_ext']:.2f}", flush=True)
+                          f"compile x{us['compile'] / us['cutlass_ext']:.2f}"
+                          + (f" plain_launch x{us['plain_launch'] / us['cutlass_ext']:.2f}" if "plain_launch" in us else ""),
+                          flush=True)
             del src, dst
             torch.cuda.empty_cache()
     summary = summarize(records)
@@ -151,7 +158,19 @@ def run(args):
     print(f"wrote {path}")
 
 
-def time_case(timer, case, mode, graphs):
+@contextlib.contextmanager
+def dependent_launch(enabled):
+    """Programmatic dependent launch of the second kernels on or off (read as a kernel is launched,
+    or captured into a graph)."""
+    ext = _runtime.extension()
+    previous = ext._set_dependent_launch(enabled)
+    try:
+        yield
+    finally:
+        ext._set_dependent_launch(previous)
+
+
+def time_case(timer, case, mode, graphs, plain_launch=False):
     grad_mode = mode == "fwdbwd"
     inputs = case.inputs(grad_mode)
     compiled = torch.compile(case.eager, dynamic=False)
@@ -173,6 +192,13 @@ def time_case(timer, case, mode, graphs):
         return step
 
     callables = {name: call(fn) for name, fn in fns.items()}
+    if plain_launch:
+        ours = callables["cutlass_ext"]
+
+        def plain():
+            with dependent_launch(False):
+                ours()
+        callables["plain_launch"] = plain
     captured = []
     if graphs:
         for name, fn in callables.items():
@@ -213,6 +239,8 @@ def main():
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each call")
+    parser.add_argument("--plain-launch", action="store_true",
+                        help="also time cutlass_ext with its second kernels launched the usual way (provider plain_launch)")
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/elementwise-<device>.json)")
     args = parser.parse_args()
     args.ops = args.ops.split(",")

@@ -11,6 +11,7 @@
 
 #include "bindings/gemm_tuning.h"
 #include "common/activation.h"
+#include "common/dependent_launch.h"
 #include "gemm/gemm_params.h"
 
 namespace cutlass_ext {
@@ -34,6 +35,10 @@ int gemm_active_clusters(const std::string& name) {
   throw std::invalid_argument("cutlass_ext: no GEMM kernel named '" + name + "' in this build");
 }
 
+// Turns programmatic dependent launch of the split reductions' second kernels on or off; returns
+// the previous setting.
+bool set_dependent_launch(bool enabled) { return dependent_launch_enabled().exchange(enabled); }
+
 }  // namespace
 }  // namespace cutlass_ext
 
@@ -47,4 +52,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_tuning_enabled", &cutlass_ext::tuning::enabled);
   m.def("_tuning_entries", &cutlass_ext::tuning::entries);
   m.def("_clear_tuning", &cutlass_ext::tuning::clear);
+  m.def("_set_dependent_launch", &cutlass_ext::set_dependent_launch);
 }

@@ -5,6 +5,7 @@
 
 #include "common/activation.h"
 #include "common/activation_16bit.h"
+#include "common/dependent_launch.h"
 #include "common/device_utils.cuh"
 #include "common/resident_blocks.h"
 #include "common/row_splits.h"
@@ -62,6 +63,7 @@ act_grad_kernel(ActGradParams p, int64_t rows_per_split) {
     }
   }
   if (p.grad_bias == nullptr) return;
+  if (p.row_splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
 
   const int width = tx * kVec;
   const float total = block_column_totals<kThreads, kVec>(acc);

@@ -6,6 +6,7 @@
 
 #include "common/activation.h"
 #include "common/activation_16bit.h"
+#include "common/dependent_launch.h"
 #include "common/device_utils.cuh"
 #include "common/resident_blocks.h"
 #include "common/row_splits.h"
@@ -186,6 +187,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBack
     for (; r < row_end; r += ty) bias_act_backward_rows<1, kAct, T, kVec>(p, col, b, r, ty, acc);
   }
   if (p.grad_bias == nullptr) return;
+  if (p.row_splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
 
   // Column sums of the block: thread row 0 adds the ty partial sums in a fixed order.
 #pragma unroll

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/dependent_launch.h"
 #include "common/device_utils.cuh"
 #include "elementwise/column_sums.cuh"
 
@@ -80,6 +81,7 @@ __global__ void __launch_bounds__(kThreads) sum_rows_block_kernel(SumParams p, i
   if (split == p.splits - 1) {
     for (int64_t e = vectors * kVec + threadIdx.x; e < p.reduce; e += kThreads) acc += float(in[e]);
   }
+  if (p.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
   acc = block_sum(acc, scratch);
   if (threadIdx.x != 0) return;
   if (p.splits == 1) {
@@ -150,6 +152,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
       for (int i = 0; i < kVec; ++i) acc[i] += float(x.v[i]);
     }
   }
+  if (p.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
   const int width = tx * kVec;
   const float total = block_column_totals<kThreads, kVec>(acc);
   const int t = threadIdx.y * tx + threadIdx.x;
@@ -191,7 +194,8 @@ struct SumFn {
 // ------------------------------------------------------------------------------------------------
 // Second stage. Vector form (inner a multiple of 4): block (q float4 columns, kThreads / q split
 // lanes); lane l adds splits l, l + lanes, ... in order, then the lanes are added in order.
-// Scalar form otherwise: block (tx inner elements, ty split lanes), the same order.
+// Scalar form otherwise: block (tx inner elements, ty split lanes), the same order. Each is
+// launched as a programmatic dependent of the kernel that wrote the partials (dependent_launch.h).
 
 struct PartialsParams {
   const float* partials;
@@ -208,6 +212,7 @@ __global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsPara
   const int64_t col0 = (blockIdx.x % col_blocks) * q * 4;
   const int64_t col = col0 + threadIdx.x * 4;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  wait_for_prior_grid();
   if (col < p.inner) {
     const float* src = p.partials + o * p.splits * p.inner + col;
     // Eight of the lane's splits loaded at once (those past the end not at all), then added in
@@ -239,6 +244,7 @@ __global__ void __launch_bounds__(kThreads) sum_partials_kernel(PartialsParams p
   const int64_t o = blockIdx.x / col_blocks;
   const int64_t col = (blockIdx.x % col_blocks) * tx + threadIdx.x;
   float acc = 0.f;
+  wait_for_prior_grid();
   if (col < p.inner) {
     const float* src = p.partials + o * p.splits * p.inner + col;
 #pragma unroll 4
@@ -258,6 +264,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads) sum_partials_few_kernel(PartialsParams p) {
   const int64_t vecs = p.inner / 4;
   const int64_t o = blockIdx.y;
+  wait_for_prior_grid();
   for (int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x; v < vecs; v += int64_t(gridDim.x) * kThreads) {
     const float* src = p.partials + o * p.splits * p.inner + v * 4;
     float4 acc = *reinterpret_cast<const float4*>(src);
@@ -279,21 +286,21 @@ struct PartialsFn {
     if (p.inner % 4 == 0 && aligned16(p.partials) && p.splits <= kFewPartialsMaxSplits &&
         p.inner / 4 >= kFewPartialsMinVecs && p.outer <= 65535) {
       const int64_t blocks = std::min<int64_t>(ceil_div(p.inner / 4, kThreads), 65535);
-      sum_partials_few_kernel<T><<<dim3(unsigned(blocks), unsigned(p.outer)), kThreads, 0, stream>>>(p);
+      launch_dependent(sum_partials_few_kernel<T>, dim3(unsigned(blocks), unsigned(p.outer)), dim3(kThreads), stream, p);
       return;
     }
     if (p.inner % 4 == 0 && aligned16(p.partials)) {
       // 16 float4 columns (64 floats, 256 bytes of each split's row) a block, 16 split lanes.
       const int q = int(std::min<int64_t>(16, pow2_at_least(p.inner / 4)));
       const int64_t col_blocks = ceil_div(p.inner / 4, q);
-      sum_partials_vec_kernel<T><<<unsigned(col_blocks * p.outer), dim3(unsigned(q), unsigned(kThreads / q)), 0,
-                                   stream>>>(p, col_blocks);
+      launch_dependent(sum_partials_vec_kernel<T>, dim3(unsigned(col_blocks * p.outer)),
+                       dim3(unsigned(q), unsigned(kThreads / q)), stream, p, col_blocks);
       return;
     }
     const int tx = int(std::min<int64_t>(32, pow2_at_least(p.inner)));
     const int64_t col_blocks = ceil_div(p.inner, tx);
-    sum_partials_kernel<T><<<unsigned(col_blocks * p.outer), dim3(unsigned(tx), unsigned(kThreads / tx)), 0, stream>>>(
-        p, col_blocks);
+    launch_dependent(sum_partials_kernel<T>, dim3(unsigned(col_blocks * p.outer)),
+                     dim3(unsigned(tx), unsigned(kThreads / tx)), stream, p, col_blocks);
   }
 };
 

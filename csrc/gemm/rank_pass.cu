@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/dependent_launch.h"
 #include "common/device_utils.cuh"
 #include "gemm/mma_sync.cuh"
 
@@ -215,6 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) rank_pass_kernel(PassArgs a) {
     }
   }
 
+  allow_dependent_launch();  // the finish may be scheduled (it waits for this grid's end)
   if constexpr (kCols) {
     // The warp's 16 columns of each tile summed over the block's rows (zero without rows).
     float* const out = a.part_cols + int64_t(blockIdx.y) * a.N * kRPad;
@@ -246,9 +248,10 @@ struct FinishArgs {
 };
 
 // Adds the partials in block order, scales and writes: one thread per value of `rows` (the first
-// M * r threads), then per value of `cols`.
+// M * r threads), then per value of `cols`. Launched as a programmatic dependent of the pass.
 template <class T>
 __global__ void __launch_bounds__(256) rank_pass_finish(FinishArgs f) {
+  wait_for_prior_grid();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row_items = f.parts_rows > 0 ? f.M * f.r : 0;
   const bool is_row = idx < row_items;
@@ -338,7 +341,7 @@ struct RankPassFn {
                  p.rows_t, p.rows_s, p.cols, p.cols_stride_n, p.cols_stride_r, p.rows_t_scale, p.rows_s_scale,
                  p.cols_scale};
     const int64_t items = ((rows ? p.M : 0) + (cols ? p.N : 0)) * p.r;
-    rank_pass_finish<T><<<unsigned((items + 255) / 256), 256, 0, stream>>>(f);
+    launch_dependent(rank_pass_finish<T>, dim3(unsigned((items + 255) / 256)), dim3(256), stream, f);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
     return {};

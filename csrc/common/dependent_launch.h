@@ -1,0 +1,82 @@
+// Programmatic dependent launch (compute capability 9.0 and up) for a kernel that only finishes
+// what the kernel before it on the stream wrote: a split reduction's second stage (sum_partials,
+// the rank pass's finish). Launched with launch_dependent(), it may be scheduled while the kernel
+// before it is still running, so that its launch does not wait for that kernel's end; it calls
+// wait_for_prior_grid() before it reads anything, which returns once the prior grid has completed
+// and its writes are visible (at once where the kernel was launched without the attribute). The
+// kernel before calls allow_dependent_launch() once its blocks have issued their loads: from then
+// the dependent's blocks may take SM slots. Captured into CUDA graphs as programmatic edges.
+#pragma once
+
+#include <atomic>
+#include <utility>
+
+#include <cuda_runtime_api.h>
+
+namespace cutlass_ext {
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+#endif
+
+// Off, the dependents launch the usual way (the benchmarks time both).
+inline std::atomic<bool>& dependent_launch_enabled() {
+  static std::atomic<bool> enabled{true};
+  return enabled;
+}
+
+// Whether the current device takes the launch attribute (compute capability 9.0 and up), asked
+// once per device.
+inline bool dependent_launch_supported() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};  // 0: not asked yet, 1: no, 2: yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const int known_value = device < kDevices ? known[device].load() : 0;
+  if (known_value != 0) return known_value == 2;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (device < kDevices) known[device].store(major >= 9 ? 2 : 1);
+  return major >= 9;
+}
+
+#if defined(__CUDACC__)
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the kernel before it
+// where the device supports it and it is enabled. A launch error is left for cudaGetLastError().
+template <class... KernelArgs, class... Args>
+void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  if (!dependent_launch_enabled().load() || !dependent_launch_supported()) {
+    kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+#endif
+
+}  // namespace cutlass_ext

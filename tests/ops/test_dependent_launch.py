@@ -1,0 +1,169 @@
+"""The second kernels of split reductions (sum_partials after bias_act's backward, _act_grad and
+sum; the rank-r pass's finish in lora_linear) launched as programmatic dependents of the kernel
+that wrote their partials: the same results as launched the usual way and as a float64
+reference, back to back on one stream, on two streams at once, and replayed from CUDA graphs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import cutlass_ext
+from cutlass_ext.ops import _runtime
+
+from ..conftest import requires_cuda
+from ..helpers import assert_close_to_reference, capture_cuda_graph, cuda_kernels_run
+
+pytestmark = requires_cuda
+
+
+@contextlib.contextmanager
+def dependent_launch(enabled: bool):
+    ext = _runtime.extension()
+    previous = ext._set_dependent_launch(enabled)
+    try:
+        yield
+    finally:
+        ext._set_dependent_launch(previous)
+
+
+def rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+# Each case: (make inputs, run the op, float64 reference of its outputs, the second kernel's name).
+# The shapes split their reductions over many blocks (4096 x 128: one column block, ~100 splits).
+def _bias_act_case(rows, cols, act, dtype=torch.bfloat16):
+    def make():
+        return rand(rows, cols, dtype=dtype), rand(rows, cols, dtype=dtype), rand(cols, dtype=dtype)
+
+    def run(grad, x, bias):
+        dx, db, _ = torch.ops.cutlass_ext._bias_act_backward(grad, x, bias, None, act, 1.5, True, True, False)
+        return dx, db
+
+    def ref(grad, x, bias):
+        x64, b64 = x.double().requires_grad_(), bias.double().requires_grad_()
+        z = x64 * 1.5 + b64
+        {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "none": lambda t: t}[act](z).backward(grad.double())
+        return x64.grad, b64.grad
+
+    return make, run, ref, "sum_partials"
+
+
+def _act_grad_case(rows, cols):
+    def make():
+        return rand(rows, cols), rand(rows, cols).relu()  # relu's saved output
+
+    def run(grad, saved):
+        return torch.ops.cutlass_ext._act_grad(grad, saved, "relu", True, True)
+
+    def ref(grad, saved):
+        dz = grad.double() * (saved.double() > 0)
+        return dz, dz.sum(0)
+
+    return make, run, ref, "sum_partials"
+
+
+def _sum_case(shape, dim):
+    def make():
+        return (rand(*shape),)
+
+    def run(x):
+        return (cutlass_ext.sum(x, dim),)
+
+    def ref(x):
+        return (x.double().sum(dim),)
+
+    return make, run, ref, "sum_partials"
+
+
+def _lora_case(tokens, d_in, d_out, r):
+    def make():
+        return (rand(tokens, d_in), rand(d_out, d_in) / d_in**0.5, rand(r, d_in) / d_in**0.5, rand(d_out, r),
+                rand(tokens, d_out))
+
+    def run(x, w, a, b, dy):
+        x, a, b = (t.detach().requires_grad_() for t in (x, a, b))
+        y = cutlass_ext.lora_linear(x, w, a, b, None, scaling=2.0)
+        y.backward(dy)
+        return y.detach(), x.grad, a.grad, b.grad
+
+    def ref(x, w, a, b, dy):
+        x64, a64, b64 = (t.detach().double().requires_grad_() for t in (x, a, b))
+        y = x64 @ w.double().T + 2.0 * (x64 @ a64.T) @ b64.T
+        y.backward(dy.double())
+        return y.detach(), x64.grad, a64.grad, b64.grad
+
+    return make, run, ref, "rank_pass_finish"
+
+
+CASES = {
+    "bias_act_relu_4096x128": _bias_act_case(4096, 128, "relu"),
+    "bias_act_gelu_8192x1000": _bias_act_case(8192, 1000, "gelu"),
+    "bias_act_none_fp32_2048x72": _bias_act_case(2048, 72, "none", torch.float32),
+    "act_grad_relu_4096x128": _act_grad_case(4096, 128),
+    "sum_rows_65536x64": _sum_case((65536, 64), 0),
+    "sum_long_row_4x262144": _sum_case((4, 262144), 1),
+    "lora_2048x1024x1024_r16": _lora_case(2048, 1024, 1024, 16),
+}
+
+
+def _dtype_name(t):
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[t.dtype]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_both_launches_match_the_reference(case):
+    make, run, ref, second = CASES[case]
+    args = make()
+    expected = ref(*args)
+    results = {}
+    for enabled in (True, False):
+        with dependent_launch(enabled):
+            got, names = cuda_kernels_run(lambda: run(*args))
+            assert any(second in n for n in names), names  # the path under test ran
+            for g, e in zip(got, expected):
+                assert_close_to_reference(g, e, None, _dtype_name(g), what=f"{case} dependent={enabled}")
+            for _ in range(3):  # back to back on one stream: each second kernel waits for its own first
+                for a, b in zip(got, run(*args)):
+                    assert torch.equal(a, b)
+            results[enabled] = got
+    for a, b in zip(results[True], results[False]):  # the same kernels either way
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["bias_act_relu_4096x128", "lora_2048x1024x1024_r16"])
+def test_two_streams_at_once(case):
+    make, run, _, _ = CASES[case]
+    inputs = [make(), make()]
+    expected = [run(*args) for args in inputs]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    got = [[], []]
+    for _ in range(10):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                got[i].append(run(*inputs[i]))
+    torch.cuda.synchronize()
+    for i in range(2):
+        for outs in got[i]:
+            for g, e in zip(outs, expected[i]):
+                assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize("case", ["bias_act_gelu_8192x1000", "sum_rows_65536x64"])
+def test_graph_replays(case):
+    make, run, _, _ = CASES[case]
+    args = make()
+    graph, outs = capture_cuda_graph(lambda: run(*args))
+    for _ in range(3):
+        for t in args:
+            t.copy_(torch.randn_like(t, dtype=torch.float32).to(t.dtype))
+        graph.replay()
+        expected = run(*args)
+        torch.cuda.synchronize()
+        for g, e in zip(outs, expected):
+            assert torch.equal(g, e)
