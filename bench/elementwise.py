@@ -27,7 +27,6 @@ record lists the captured ones under "graphed".
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -158,18 +157,6 @@ def run(args):
     print(f"wrote {path}")
 
 
-@contextlib.contextmanager
-def dependent_launch(enabled):
-    """Programmatic dependent launch of the second kernels on or off (read as a kernel is launched,
-    or captured into a graph)."""
-    ext = _runtime.extension()
-    previous = ext._set_dependent_launch(enabled)
-    try:
-        yield
-    finally:
-        ext._set_dependent_launch(previous)
-
-
 def time_case(timer, case, mode, graphs, plain_launch=False):
     grad_mode = mode == "fwdbwd"
     inputs = case.inputs(grad_mode)
@@ -196,7 +183,7 @@ def time_case(timer, case, mode, graphs, plain_launch=False):
         ours = callables["cutlass_ext"]
 
         def plain():
-            with dependent_launch(False):
+            with _runtime.dependent_launch(False):
                 ours()
         callables["plain_launch"] = plain
     captured = []

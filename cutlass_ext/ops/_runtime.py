@@ -7,6 +7,7 @@ kernels themselves, at call time."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from types import ModuleType
@@ -69,3 +70,18 @@ def register_cuda_loader(name: str, reference) -> None:
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Reference kernels accumulate 16-bit inputs in fp32, as the tensor-core kernels do."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@contextlib.contextmanager
+def dependent_launch(enabled: bool):
+    """Within the block, the second kernels of split reductions (sum_partials, the rank pass's
+    finish) are launched as programmatic dependents of the kernel before them (``True``, the
+    default) or the usual way (``False``); read as each kernel is launched or captured into a CUDA
+    graph. For tests and benchmarks of both paths; without the extension it changes nothing."""
+    ext = extension()
+    previous = ext._set_dependent_launch(enabled) if ext is not None else None
+    try:
+        yield
+    finally:
+        if ext is not None:
+            ext._set_dependent_launch(previous)

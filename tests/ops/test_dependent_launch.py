@@ -5,8 +5,6 @@ reference, back to back on one stream, on two streams at once, and replayed from
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -17,16 +15,6 @@ from ..conftest import requires_cuda
 from ..helpers import assert_close_to_reference, capture_cuda_graph, cuda_kernels_run
 
 pytestmark = requires_cuda
-
-
-@contextlib.contextmanager
-def dependent_launch(enabled: bool):
-    ext = _runtime.extension()
-    previous = ext._set_dependent_launch(enabled)
-    try:
-        yield
-    finally:
-        ext._set_dependent_launch(previous)
 
 
 def rand(*shape, dtype=torch.bfloat16):
@@ -121,7 +109,7 @@ def test_both_launches_match_the_reference(case):
     expected = ref(*args)
     results = {}
     for enabled in (True, False):
-        with dependent_launch(enabled):
+        with _runtime.dependent_launch(enabled):
             got, names = cuda_kernels_run(lambda: run(*args))
             assert any(second in n for n in names), names  # the path under test ran
             for g, e in zip(got, expected):
