@@ -2,6 +2,8 @@
 
 Layer providers (all on the same bf16 tensors; base weight and bias frozen, lora_A/lora_B trained):
   cutlass_ext   cutlass_ext.lora_linear(x, W, A, B, b, scaling=s, dropout_p=p)
+  serial        the same with CUTLASS_EXT_LORA_OVERLAP=0: the backward's dA after the dx GEMM on one
+                stream instead of beside it on a second one
   peft          PEFT's LoRA Linear layer (peft.tuners.lora.Linear, adapters in the base dtype), when installed
   eager         F.linear(x, W, b) + F.linear(F.linear(dropout(x), A), B) * s   (what PEFT runs)
   compile       torch.compile of the eager formula (dynamic=True: one compile covers all shapes)
@@ -27,6 +29,8 @@ launch cost out of the timing (small token counts are host-bound without it).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -40,7 +44,7 @@ from _common import add_timer_arguments, geomean, graphed, timer_from_args, writ
 import cutlass_ext  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-LAYER_PROVIDERS = ("cutlass_ext", "peft", "eager", "compile", "base")
+LAYER_PROVIDERS = ("cutlass_ext", "serial", "peft", "eager", "compile", "base")
 MERGE_PROVIDERS = ("cutlass_ext", "peft", "eager", "addmm")
 
 # (mode, peer) -> minimum of peer time / cutlass_ext time; "base" is the other way round (ours may be
@@ -95,12 +99,30 @@ def layer_providers(wanted, scaling, p, peft_layer, compiled_eager):
     def base(x, w, b, a, bb):
         return F.linear(x, w, b)
 
-    table = {"cutlass_ext": ours, "eager": eager, "base": base}
+    table = {"cutlass_ext": ours, "serial": ours, "eager": eager, "base": base}
     if "compile" in wanted:
         table["compile"] = lambda x, w, b, a, bb: compiled_eager(x, w, b, a, bb, scaling, p)
     if peft_layer is not None:
         table["peft"] = lambda x, w, b, a, bb: peft_layer(x)
     return {k: v for k, v in table.items() if k in wanted}
+
+
+@contextlib.contextmanager
+def lora_overlap_off(name):
+    """CUTLASS_EXT_LORA_OVERLAP=0 within the block for the "serial" provider (read as the backward runs
+    or is captured)."""
+    if name != "serial":
+        yield
+        return
+    previous = os.environ.get("CUTLASS_EXT_LORA_OVERLAP")
+    os.environ["CUTLASS_EXT_LORA_OVERLAP"] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["CUTLASS_EXT_LORA_OVERLAP"]
+        else:
+            os.environ["CUTLASS_EXT_LORA_OVERLAP"] = previous
 
 
 def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer):
@@ -118,7 +140,8 @@ def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer):
     def step():
         for t in trained:
             t.grad = None
-        fn(x, w, b, a, bb).backward(grad)
+        with lora_overlap_off(name):
+            fn(x, w, b, a, bb).backward(grad)
 
     return step
 

@@ -14,7 +14,9 @@
 //             dx = [dz | s U] [W ; A]                  (likewise; with dropout the LoRA term
 //                                                      is computed first and masked in place,
 //                                                      then the main GEMM adds onto it)
-//             dA = s * U^T drop(x),  dB = (s * t^T dz)^T,  dW = dz^T x   (only those requested)
+//             dA = s * U^T drop(x),  dB = (s * t^T dz)^T,  dW = dz^T x   (only those requested;
+//                                                      dA beside the dx GEMM on a second stream
+//                                                      from 2^23 elements of x)
 //   merge     W += s * B A                            (one GEMM reading and writing W in place)
 // The rank-r activations t and U are kept as contiguous [r, M] (t is the op's second output in
 // that form). For 16-bit types and r <= 32, t, U and dB come from the rank-r pass
@@ -26,6 +28,9 @@
 #include <torch/extension.h>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <tuple>
 #include <vector>
@@ -97,6 +102,26 @@ at::Tensor scaled_rows(const at::Tensor& v_t, double scaling) {
   at::Tensor out = at::empty({v_t.size(1), v_t.size(0)}, v_t.options());
   return at::mul_out(out, v_t.t(), at::Scalar(scaling));
 }
+
+// dA = s U^T drop(x) needs only U and x, both ready before the dx GEMM, which runs a persistent
+// grid of one CTA per SM whose last round of tiles leaves SMs idle (8192 x 4096 -> 4096 on 128x256
+// tiles: 1024 tiles, 7.76 rounds, 32 SMs idle for the last one). Enqueued on a second stream right
+// after the dx GEMM, dA's blocks take those SMs as the GEMM's CTAs finish (they cannot share an SM
+// with a GEMM CTA, which holds the register file) instead of running after the GEMM. The second
+// stream waits for the work before the dx GEMM and the caller's stream waits for dA: the op stays
+// ordered on the current stream, also when captured into a CUDA graph. dA's output comes from the
+// caller's stream; what dA allocates on the second stream is freed there (stream-ordered).
+// The two launches are not ordered on the GPU: where dA's blocks start first (seen in eager runs),
+// the GEMM's CTAs on those SMs start after them and the step takes as long as with dA after the
+// GEMM. CUTLASS_EXT_LORA_OVERLAP=0 runs dA after the dx GEMM on the current stream.
+bool lora_overlap_enabled() {
+  const char* v = std::getenv("CUTLASS_EXT_LORA_OVERLAP");
+  return v == nullptr || std::string(v) != "0";
+}
+
+// Below this many elements of x, dA is a few microseconds and the second stream's events and
+// launch cost more than the idle SMs give.
+constexpr int64_t kOverlapMinElements = int64_t(1) << 23;
 
 bool rank_pass_enabled() {
   const char* v = std::getenv("CUTLASS_EXT_LORA_RANK_PASS");
@@ -241,6 +266,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
   if (need_B && !dB.defined()) dB = mm(t, dz, opts, float(scaling)).t().contiguous();
   if (!need_B) dB = at::empty({0}, options);
 
+  const bool overlap_dA = need_x && need_A && lora_overlap_enabled() && M * in >= kOverlapMinElements;
+  const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::Stream stream = cuda->getStream(x.device());
+  c10::Event before_dx(c10::DeviceType::CUDA);
+  at::Tensor dA;
+  if (overlap_dA) {
+    dA = new_output({r, in}, options);
+    before_dx.record(stream);
+  }
   at::Tensor dx;
   if (need_x) {
     GemmExtra low_rank;
@@ -255,7 +289,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
     dx = std::get<0>(gemm_op(dz, weight, c10::nullopt, 0, false, opts, low_rank));
     dx = dx.view(x.sizes());
   }
-  at::Tensor dA = need_A ? mm(u_t, dropped(x2, dropout_p, seed, op), opts, float(scaling)) : at::empty({0}, options);
+  if (overlap_dA) {
+    const c10::Stream side = cuda->getStreamFromGlobalPool(x.device(), /*isHighPriority=*/false);
+    before_dx.block(side);
+    {
+      const c10::StreamGuard on_side(side);
+      gemm_op(u_t, dropped(x2, dropout_p, seed, op), c10::nullopt, 0, false, opts,
+              GemmExtra{float(scaling), at::Tensor(), dA});
+    }
+    c10::Event dA_done(c10::DeviceType::CUDA);
+    dA_done.record(side);
+    dA_done.block(stream);
+  } else if (need_A) {
+    dA = mm(u_t, dropped(x2, dropout_p, seed, op), opts, float(scaling));
+  } else {
+    dA = at::empty({0}, options);
+  }
   at::Tensor dW = need_weight ? mm(dz.t(), x2, opts) : at::empty({0}, options);
   return {or_empty(dx, options), dW, dA, dB, or_empty(dbias, options)};
 }

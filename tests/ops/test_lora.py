@@ -358,6 +358,92 @@ def test_no_grad_saves_no_preactivation(device):
     assert seen == [False, True]
 
 
+# dA = s U^T drop(x) beside the dx GEMM: from 2^23 elements of x the backward runs it on a second
+# stream that waits for the work before the dx GEMM, and the caller's stream waits for it.
+OVERLAP_ROWS, OVERLAP_IN, OVERLAP_OUT = 2048, 4096, 1024  # 2048 x 4096 = 2^23: the smallest that overlaps
+
+
+def kernel_streams(fn):
+    """The CUDA streams the kernels launched by fn() ran on, from the profiler's trace."""
+    import json
+    import tempfile
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    return {e["args"]["stream"] for e in trace["traceEvents"] if e.get("cat") == "kernel"}
+
+
+def overlap_step(p=0.0, seed=None, act="gelu"):
+    """Inputs of a training step whose backward overlaps dA, and a function running the step
+    (returns y, dx, dA, dB): x, A and B require grad, the base weight and bias are frozen."""
+    dtype = torch.bfloat16
+    x = rand(OVERLAP_ROWS, OVERLAP_IN, device="cuda", dtype=dtype)
+    weight, lora_A, lora_B, bias = make_params(OVERLAP_IN, OVERLAP_OUT, 16, "cuda", dtype)
+    grad_out = rand(OVERLAP_ROWS, OVERLAP_OUT, device="cuda", dtype=dtype)
+    inputs = [x, weight, lora_A, lora_B, bias]
+
+    def step():
+        leaves = [v.detach().requires_grad_(i in (0, 2, 3)) for i, v in enumerate(inputs)]
+        if p > 0.0:
+            y = call_op(leaves[0], *leaves[1:], act, p, seed)[0]
+        else:
+            y = cutlass_ext.lora_linear(*leaves, scaling=SCALING, activation=act)
+        y.backward(grad_out)
+        return y, leaves[0].grad, leaves[2].grad, leaves[3].grad
+
+    return inputs, grad_out, step
+
+
+@requires_cuda
+def test_dA_beside_the_dx_gemm_matches_the_reference(monkeypatch):
+    monkeypatch.setenv("CUTLASS_EXT_LORA_OVERLAP", "1")
+    inputs, grad_out, step = overlap_step()
+    y, dx, dA, dB = step()
+    _, ref = reference_grads(y, inputs, grad_out, "gelu")
+    _, peer = grads_of(lambda *a: peer_lora(*a, SCALING, "gelu"), inputs, grad_out)
+    for name, i, o in (("dx", 0, dx), ("dA", 2, dA), ("dB", 3, dB)):
+        assert_close_to_reference(o, ref[i], peer[i], "bf16", what=name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_dA_beside_the_dx_gemm_is_the_same_on_one_stream(monkeypatch, p):
+    _, _, step = overlap_step(p, make_seed("cuda"))
+    monkeypatch.setenv("CUTLASS_EXT_LORA_OVERLAP", "1")
+    beside = step()
+    streams_beside = kernel_streams(step)
+    monkeypatch.setenv("CUTLASS_EXT_LORA_OVERLAP", "0")
+    alone = step()
+    streams_alone = kernel_streams(step)
+    for name, a, b in zip(("y", "dx", "dA", "dB"), beside, alone):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    assert len(streams_alone) == 1
+    assert len(streams_beside) == 2  # the overlap was taken: dA ran on a second stream
+
+
+@requires_cuda
+def test_dA_beside_the_dx_gemm_on_a_side_stream_and_in_a_graph(monkeypatch):
+    monkeypatch.setenv("CUTLASS_EXT_LORA_OVERLAP", "1")
+    _, _, step = overlap_step()
+    expected = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph, captured = capture_cuda_graph(step)
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    for name, e, a, b in zip(("y", "dx", "dA", "dB"), expected, on_side, captured):
+        torch.testing.assert_close(a, e, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(b, e, rtol=0, atol=0, msg=name)
+
+
 # ------------------------------------------------------------------------------------------------
 # lora_merge
 
