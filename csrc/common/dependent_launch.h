@@ -13,6 +13,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/device_attribute.h"
+
 namespace cutlass_ext {
 
 #if defined(__CUDACC__)
@@ -38,22 +40,12 @@ inline std::atomic<bool>& dependent_launch_enabled() {
 // Whether the current device takes the launch attribute (compute capability 9.0 and up), asked
 // once per device.
 inline bool dependent_launch_supported() {
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices] = {};  // 0: not asked yet, 1: no, 2: yes
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
+    (void)cudaGetLastError();
     return false;
   }
-  const int known_value = device < kDevices ? known[device].load() : 0;
-  if (known_value != 0) return known_value == 2;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (device < kDevices) known[device].store(major >= 9 ? 2 : 1);
-  return major >= 9;
+  return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
 }
 
 #if defined(__CUDACC__)

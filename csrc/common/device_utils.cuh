@@ -3,8 +3,6 @@
 // Torch-free, CUDA only.
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -16,6 +14,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/activation.h"
+#include "common/device_attribute.h"
 #include "common/types.h"
 
 namespace cutlass_ext {
@@ -237,20 +236,9 @@ __device__ __forceinline__ void for_all_own_pieces(int64_t cols, Fn&& fn) {
 constexpr int64_t kSharedRowReserve = 1024;
 
 // The most dynamic shared memory one block may use on `device` (0 if unknown), read once per
-// device: the row kernels' launchers ask on every launch. One atomic slot per device (autograd
-// runs backwards on per-device threads); a failed query is not cached.
+// device: the row kernels' launchers ask on every launch.
 inline int max_dynamic_shared_bytes(int device) {
-  static std::array<std::atomic<int>, 64> cache{};
-  if (device < 0 || device >= int(cache.size())) return 0;
-  int bytes = cache[device].load(std::memory_order_relaxed);
-  if (bytes == 0) {
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    cache[device].store(bytes, std::memory_order_relaxed);
-  }
-  return bytes;
+  return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device);
 }
 
 // Lets `kernel` use up to max_dynamic_shared_bytes(device) - kSharedRowReserve of dynamic shared
