@@ -373,7 +373,7 @@ def kernel_streams(fn):
         torch.cuda.synchronize()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        trace = json.load(f)
+        trace = json.load(open(f.name))
     return {e["args"]["stream"] for e in trace["traceEvents"] if e.get("cat") == "kernel"}
 
 
