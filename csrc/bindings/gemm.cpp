@@ -855,6 +855,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     q.b2_stride_n = vb2.stride_y;
     q.b2_stride_k = vb2.stride_x;
     q.b2_stride_l = vb2.stride_l;
+    q.dependent_launch = extra.dependent;
     launch(*twin, q);
   } else {
     launch(*kernel, configure(*kernel));

@@ -30,6 +30,11 @@ struct GemmExtra {
   // same K loop where an extended-K kernel serves the call, else computed first and accumulated
   // as C. Not combined with `c`.
   at::Tensor a2, b2;
+  // Where the extended-K kernel serves the call, launch it as a programmatic dependent of the
+  // kernel before it (GemmParams::dependent_launch): for LoRA, whose rank-r pass finish lets it
+  // launch at once. The kernel waits for that grid before its first load, so any kernel may come
+  // before it.
+  bool dependent = false;
 };
 
 // D = act(alpha * (A @ B + A2 @ B2) + C + bias) and, when want_aux and the activation's backward

@@ -186,6 +186,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lora_linear_cuda(
     low_rank.a2 = scaled_rows(t_t, scaling);
   }
   low_rank.b2 = lora_B.t();
+  low_rank.dependent = true;  // its launch overlaps the rank-r pass finish (GemmExtra::dependent)
   auto [y, z] = gemm_op(x2, weight.t(), bias, activation, save_preact, opts, low_rank);
   y = y.view(with_last(lead, {out}));
   z = z.defined() ? z.view(with_last(lead, {out})) : at::empty({0}, x.options());
@@ -285,6 +286,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lora_line
     } else {
       low_rank.a2 = su.defined() ? su : scaled_rows(u_t, scaling);
       low_rank.b2 = lora_A;
+      low_rank.dependent = true;
     }
     dx = std::get<0>(gemm_op(dz, weight, c10::nullopt, 0, false, opts, low_rank));
     dx = dx.view(x.sizes());

@@ -53,6 +53,10 @@ struct GemmParams {
   // Clusters of the kernel that fit on the device at once (its entry's active_clusters), or 0
   // when it does not run in clusters of more than one CTA: the persistent grid is sized to them.
   int max_active_clusters = 0;
+  // Launch as a programmatic dependent of the kernel before it on the stream, so that its launch
+  // and set-up overlap that kernel's end. Honoured only by kernels that wait for the prior grid
+  // before their first global access (the extended-K kernels); others launch the usual way.
+  bool dependent_launch = false;
 };
 
 

@@ -11,6 +11,7 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/device_kernel.h>
 
+#include "common/dependent_launch.h"
 #include "gemm/gemm_params.h"
 
 namespace cutlass_ext {
@@ -21,6 +22,15 @@ template <class T, class = void>
 struct IsCutlass3 : std::false_type {};
 template <class T>
 struct IsCutlass3<T, std::void_t<typename T::GemmKernel::ProblemShape>> : std::true_type {};
+
+// Whether a kernel's mainloop waits for the grid before it before its first global load (the
+// extended-K mainloop, gemm/sm90_extk.cuh), so that it may be launched as a programmatic
+// dependent; CUTLASS's own mainloops here do not (their waits are compiled out).
+template <class T, class = void>
+struct WaitsForPriorGrid : std::false_type {};
+template <class T>
+struct WaitsForPriorGrid<T, std::void_t<decltype(T::kWaitsForPriorGrid)>>
+    : std::bool_constant<T::kWaitsForPriorGrid> {};
 
 // A kernel needs its dynamic shared-memory limit raised once per device, not on every launch
 // (GemmUniversalAdapter::initialize would call cudaFuncSetAttribute each time).
@@ -42,22 +52,32 @@ cudaError_t raise_smem_limit_once() {
   }
 }
 
-// The launch configuration of Kernel on `grid` in its clusters; `attribute`, which the returned
-// configuration points to, receives the cluster shape.
+// The launch configuration of Kernel on `grid`: in its clusters (where they have more than one
+// CTA) and, for a programmatic dependent, with the stream-serialization attribute. `attributes`,
+// which the returned configuration points to, receives them.
 template <class Kernel>
-cudaLaunchConfig_t cluster_launch_config(dim3 grid, cudaStream_t stream, cudaLaunchAttribute& attribute) {
+cudaLaunchConfig_t launch_config(dim3 grid, cudaStream_t stream, cudaLaunchAttribute (&attributes)[2],
+                                 bool dependent = false) {
   using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cute::size<0>(Cluster{});
-  attribute.val.clusterDim.y = cute::size<1>(Cluster{});
-  attribute.val.clusterDim.z = cute::size<2>(Cluster{});
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = Kernel::get_block_shape();
   config.dynamicSmemBytes = Kernel::SharedStorageSize;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = 0;
+  if constexpr (cute::size(Cluster{}) > 1) {
+    cudaLaunchAttribute& cluster = attributes[config.numAttrs++];
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = cute::size<0>(Cluster{});
+    cluster.val.clusterDim.y = cute::size<1>(Cluster{});
+    cluster.val.clusterDim.z = cute::size<2>(Cluster{});
+  }
+  if (dependent) {
+    cudaLaunchAttribute& serialization = attributes[config.numAttrs++];
+    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    serialization.val.programmaticStreamSerializationAllowed = 1;
+  }
   return config;
 }
 
@@ -78,9 +98,9 @@ int max_active_clusters() {
       int clusters = cached[device].load(std::memory_order_relaxed);
       if (clusters > 0) return clusters;
       if (detail::raise_smem_limit_once<Kernel>() != cudaSuccess) return 0;
-      cudaLaunchAttribute attribute;
+      cudaLaunchAttribute attributes[2];
       const dim3 one_cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
-      const cudaLaunchConfig_t config = detail::cluster_launch_config<Kernel>(one_cluster, nullptr, attribute);
+      const cudaLaunchConfig_t config = detail::launch_config<Kernel>(one_cluster, nullptr, attributes);
       if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>),
                                          &config) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -93,8 +113,12 @@ int max_active_clusters() {
   return 0;
 }
 
+// `dependent`: launch as a programmatic dependent of the kernel before it on the stream. Honoured
+// only for kernels that wait for that grid before their first global access
+// (detail::WaitsForPriorGrid), where the device and the switch allow (common/dependent_launch.h).
 template <class Gemm>
-LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, cudaStream_t stream) {
+LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, cudaStream_t stream,
+                         bool dependent = false) {
   cutlass::Status status = Gemm::can_implement(args);
   if (status != cutlass::Status::kSuccess) return {"can_implement", cutlass::cutlassGetStatusString(status)};
   if constexpr (detail::IsCutlass3<Gemm>::value) {
@@ -105,7 +129,12 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
     const cudaError_t err = detail::raise_smem_limit_once<Kernel>();
     if (err != cudaSuccess) return {"initialize", cudaGetErrorString(err)};
     using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
-    if constexpr (cute::size(Cluster{}) == 1) {
+    if constexpr (detail::WaitsForPriorGrid<typename Kernel::CollectiveMainloop>::value) {
+      dependent = dependent && dependent_launch_enabled().load() && dependent_launch_supported();
+    } else {
+      dependent = false;
+    }
+    if (cute::size(Cluster{}) == 1 && !dependent) {
       status = Gemm::run(params, stream);
     } else {
       // The cluster launch GemmUniversalAdapter::run makes, without the cudaFuncSetAttribute
@@ -114,12 +143,12 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
       // on the host (measured on an H200 machine; the launch itself ~5.7 us).
       static_assert(cute::size(Cluster{}) <= 8, "clusters of more than 8 CTAs need the non-portable attribute");
       const dim3 grid = Kernel::get_grid_shape(params);
-      cudaLaunchAttribute attribute;
-      const cudaLaunchConfig_t config = detail::cluster_launch_config<Kernel>(grid, stream, attribute);
-      if (grid.x % attribute.val.clusterDim.x != 0 || grid.y % attribute.val.clusterDim.y != 0 ||
-          grid.z % attribute.val.clusterDim.z != 0) {
+      if (grid.x % cute::size<0>(Cluster{}) != 0 || grid.y % cute::size<1>(Cluster{}) != 0 ||
+          grid.z % cute::size<2>(Cluster{}) != 0) {
         return {"run", "grid is not a multiple of the cluster shape"};
       }
+      cudaLaunchAttribute attributes[2];
+      const cudaLaunchConfig_t config = detail::launch_config<Kernel>(grid, stream, attributes, dependent);
       void* kernel_params[] = {&params};
       const cudaError_t launched =
           cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>), kernel_params);
@@ -145,7 +174,8 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
   }                                                                                              \
   ::cutlass_ext::LaunchResult NAME##_run(::cutlass_ext::GemmParams const& p, void* workspace,   \
                                          cudaStream_t stream) {                                 \
-    return ::cutlass_ext::launch_gemm<BUNDLE::Gemm>(BUNDLE::make_arguments(p), workspace, stream); \
+    return ::cutlass_ext::launch_gemm<BUNDLE::Gemm>(BUNDLE::make_arguments(p), workspace, stream,  \
+                                                    p.dependent_launch);                        \
   }                                                                                              \
   int NAME##_active_clusters() { return ::cutlass_ext::max_active_clusters<BUNDLE::Gemm>(); }
 

@@ -248,9 +248,12 @@ struct FinishArgs {
 };
 
 // Adds the partials in block order, scales and writes: one thread per value of `rows` (the first
-// M * r threads), then per value of `cols`. Launched as a programmatic dependent of the pass.
+// M * r threads), then per value of `cols`. Launched as a programmatic dependent of the pass; it
+// lets the next kernel launch at once (LoRA's extended-K GEMM, whose CTAs wait for this grid
+// before they load, takes the SMs as this kernel's blocks leave them).
 template <class T>
 __global__ void __launch_bounds__(256) rank_pass_finish(FinishArgs f) {
+  allow_dependent_launch();
   wait_for_prior_grid();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row_items = f.parts_rows > 0 ? f.M * f.r : 0;

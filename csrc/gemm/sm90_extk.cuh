@@ -8,14 +8,26 @@
 // The K loop first walks A/B's ceil(K / TileK) stages, then A2/B2's ceil(K2 / TileK). Each pair
 // has its own TMA descriptors; both fill the same shared-memory stages (the two pairs must share
 // majorness, which the descriptors' box layouts follow), and TMA zero-fills the part of a stage
-// past K or K2, so a partial last stage of either pair adds nothing. The consumer warpgroups'
-// MMA loop is CUTLASS's own, unchanged: it only sees more stages.
+// past K or K2, so a partial last stage of either pair adds nothing. The consumer warpgroups run
+// CUTLASS's MMA loop over the first pair's stages, then their own over the second pair's, where
+// a stage holding no more of K2 than one MMA's depth multiplies that k block alone (LoRA's
+// r <= 16 fills one 16-deep block of a 64-deep stage: the rank-r stage costs a quarter of a full
+// one).
+//
+// The producer waits for the grid before it on the stream (griddepcontrol.wait) before its first
+// load, so the kernel may be launched as a programmatic dependent of the kernel before it (LoRA's
+// rank-r pass finish, which writes A2): its launch, block placement and set-up then overlap that
+// kernel instead of following its end. Nothing before the wait touches global memory (the
+// consumers and the epilogue act on what the producer loaded), and launched the usual way the
+// wait returns at once.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/gemm/collective/collective_mma.hpp>
 #include <cutlass/gemm/gemm.h>
+
+#include "common/dependent_launch.h"
 
 namespace cutlass_ext::sm90 {
 
@@ -33,6 +45,8 @@ struct ExtKMainloop : Base {
   using TmaA = typename Base::Params::TMA_A;
   using TmaB = typename Base::Params::TMA_B;
   static constexpr int kTileK = cute::size<2>(TileShape{});
+  // The launcher may launch the kernel as a programmatic dependent (see above).
+  static constexpr bool kWaitsForPriorGrid = true;
 
   struct Arguments {
     ElementA const* ptr_A;
@@ -51,6 +65,7 @@ struct ExtKMainloop : Base {
     TmaA tma_load_a2;
     TmaB tma_load_b2;
     int k_tiles_main = 0;
+    int k2 = 0;
   };
 
   // The K the kernel's problem shape must carry: both pairs' stages.
@@ -71,6 +86,7 @@ struct ExtKMainloop : Base {
     params.tma_load_a2 = second.tma_load_a;
     params.tma_load_b2 = second.tma_load_b;
     params.k_tiles_main = ceil_tiles(args.K);
+    params.k2 = args.K2;
     return params;
   }
 
@@ -154,6 +170,8 @@ struct ExtKMainloop : Base {
     auto sA_stages = tma_a.partition_D(sA);
     auto sB_stages = tma_b.partition_D(sB);
 
+    wait_for_prior_grid();
+
     CUTLASS_PRAGMA_NO_UNROLL
     for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
       pipeline.producer_acquire(smem_pipe_write);
@@ -169,6 +187,57 @@ struct ExtKMainloop : Base {
         cute::copy(params.tma_load_b2.with(*barrier, mcast_b), gB2(_, _, _, k2), sB_stages(_, _, _, stage));
       }
     }
+  }
+
+  // Consumer warpgroups: the first pair's stages through the base collective's loop (which leaves
+  // its last stage unreleased and one batch of MMAs in flight), then the second pair's stages the
+  // same way, a stage that holds at most one k block of K2 with that block's MMA alone. The
+  // kernel's mma_tail then releases the last stage.
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
+                          int k_tile_count, int thread_idx, TensorStorage& shared_tensors, Params const& params) {
+    using cute::_;
+    static_assert(Base::K_PIPE_MMAS == 1, "the second pair's loop keeps one batch of MMAs in flight");
+    const int main_tiles = cute::min(params.k_tiles_main, k_tile_count);
+    Base::mma(pipeline, smem_pipe_read, accum, main_tiles, thread_idx, shared_tensors, params);
+    if (main_tiles == k_tile_count) return;
+
+    auto sA = cute::make_tensor(cute::make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
+    auto sB = cute::make_tensor(cute::make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
+    typename Base::TiledMma tiled_mma;
+    const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    auto thread_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
+    auto tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    auto tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+    constexpr int kBlocks = cute::size<2>(decltype(tCrA){});
+    constexpr int kBlockK = kTileK / kBlocks;
+    tiled_mma.accumulate_ = cute::GMMA::ScaleOut::One;
+
+    PipelineState read = smem_pipe_read;
+    read.advance(main_tiles);
+    PipelineState release = smem_pipe_read;
+    release.advance(main_tiles - 1);
+    int depth_left = params.k2;  // of the second pair, from this stage on
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int t = main_tiles; t < k_tile_count; ++t, depth_left -= kTileK) {
+      auto token = pipeline.consumer_try_wait(read);
+      pipeline.consumer_wait(read, token);
+      const int stage = read.index();
+      cute::warpgroup_fence_operand(accum);
+      cute::warpgroup_arrive();
+      if (depth_left <= kBlockK) {
+        cute::gemm(tiled_mma, tCrA(_, _, 0, stage), tCrB(_, _, 0, stage), accum);
+      } else {
+        cute::gemm(tiled_mma, tCrA(_, _, _, stage), tCrB(_, _, _, stage), accum);
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<1>();
+      cute::warpgroup_fence_operand(accum);
+      pipeline.consumer_release(release);
+      ++read;
+      ++release;
+    }
+    cute::warpgroup_fence_operand(accum);
   }
 
  private:

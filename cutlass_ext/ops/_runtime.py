@@ -75,9 +75,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 @contextlib.contextmanager
 def dependent_launch(enabled: bool):
     """Within the block, the second kernels of split reductions (sum_partials, the rank pass's
-    finish) are launched as programmatic dependents of the kernel before them (``True``, the
-    default) or the usual way (``False``); read as each kernel is launched or captured into a CUDA
-    graph. For tests and benchmarks of both paths; without the extension it changes nothing."""
+    finish) and LoRA's extended-K GEMMs (after the rank pass's finish) are launched as
+    programmatic dependents of the kernel before them (``True``, the default) or the usual way
+    (``False``); read as each kernel is launched or captured into a CUDA graph. For tests and
+    benchmarks of both paths; without the extension it changes nothing."""
     ext = extension()
     previous = ext._set_dependent_launch(enabled) if ext is not None else None
     try:

@@ -1,7 +1,8 @@
 """The second kernels of split reductions (sum_partials after bias_act's backward, _act_grad and
 sum; the rank-r pass's finish in lora_linear) launched as programmatic dependents of the kernel
-that wrote their partials: the same results as launched the usual way and as a float64
-reference, back to back on one stream, on two streams at once, and replayed from CUDA graphs."""
+that wrote their partials, and lora_linear's extended-K GEMMs as dependents of that finish: the
+same results as launched the usual way and as a float64 reference, back to back on one stream,
+on two streams at once, and replayed from CUDA graphs."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def _sum_case(shape, dim):
     return make, run, ref, "sum_partials"
 
 
-def _lora_case(tokens, d_in, d_out, r):
+def _lora_case(tokens, d_in, d_out, r, second="rank_pass_finish"):
     def make():
         return (rand(tokens, d_in), rand(d_out, d_in) / d_in**0.5, rand(r, d_in) / d_in**0.5, rand(d_out, r),
                 rand(tokens, d_out))
@@ -84,7 +85,7 @@ def _lora_case(tokens, d_in, d_out, r):
         y.backward(dy.double())
         return y.detach(), x64.grad, a64.grad, b64.grad
 
-    return make, run, ref, "rank_pass_finish"
+    return make, run, ref, second
 
 
 CASES = {
@@ -95,6 +96,9 @@ CASES = {
     "sum_rows_65536x64": _sum_case((65536, 64), 0),
     "sum_long_row_4x262144": _sum_case((4, 262144), 1),
     "lora_2048x1024x1024_r16": _lora_case(2048, 1024, 1024, 16),
+    # 256 output tiles of 128x128 a GEMM: the forward and dx take the extended-K kernels, launched
+    # after the rank pass's finish.
+    "lora_extk_2048x2048x2048_r16": _lora_case(2048, 2048, 2048, 16, second="ExtKMainloop"),
 }
 
 
@@ -122,7 +126,8 @@ def test_both_launches_match_the_reference(case):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", ["bias_act_relu_4096x128", "lora_2048x1024x1024_r16"])
+@pytest.mark.parametrize(
+    "case", ["bias_act_relu_4096x128", "lora_2048x1024x1024_r16", "lora_extk_2048x2048x2048_r16"])
 def test_two_streams_at_once(case):
     make, run, _, _ = CASES[case]
     inputs = [make(), make()]
@@ -142,7 +147,7 @@ def test_two_streams_at_once(case):
                 assert torch.equal(g, e)
 
 
-@pytest.mark.parametrize("case", ["bias_act_gelu_8192x1000", "sum_rows_65536x64"])
+@pytest.mark.parametrize("case", ["bias_act_gelu_8192x1000", "sum_rows_65536x64", "lora_extk_2048x2048x2048_r16"])
 def test_graph_replays(case):
     make, run, _, _ = CASES[case]
     args = make()
