@@ -112,15 +112,15 @@ struct GemmBundle {
                                        cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,
                                        BiasActOp>;
   // Wider epilogue subtiles than CUTLASS's automatic ones (64x32 ping-pong, 128x32 cooperative) for
-  // the 128-row tiles without C, aux output, K slices or a second operand pair (the kinds
-  // measured): half the subtiles, so half the unrolled copies of the epilogue's code (the run-time
+  // the 128-row tiles without C, aux output or K slices (the kinds measured; LoRA's extended-K
+  // forward and dx since bench/NOTES.md section 49): half the subtiles, so half the unrolled copies of the epilogue's code (the run-time
   // activation's cases made it ~15K instructions, and its warps stalled on instruction fetch: 1.68
   // cycles per issued instruction against 0.38 with ReLU fixed at compile time, ncu at 4096 x 4096
   // x 128). On an H200 (bench/kernels, L2 flushed; bias+ReLU / plain): ping-pong 64x64 4096 x 4096
   // x 128 37.7 -> 30.1 / 17.6 -> 16.5 us, 65536 x 128 x 64 33.9 -> 28.3, 1024^3 20.0 -> 17.5,
   // 4096^3 189.6 -> 188.0; cooperative 128x64 4096 x 4096 x 128 32.8 -> 29.7, 1024^3 15.1 -> 14.2,
   // 4096^3 200.4 -> 198.0 (bench/NOTES.md section 23).
-  static constexpr bool kWideEpilogueTile = TileM == 128 && !kTransposed && !kAux && !kSource && !kKSlices && !kExtK;
+  static constexpr bool kWideEpilogueTile = TileM == 128 && !kTransposed && !kAux && !kSource && !kKSlices;
   using EpilogueTile = cute::conditional_t<
       kWideEpilogueTile && cute::is_same_v<Schedule, Pingpong>, cute::Shape<cute::_64, cute::_64>,
       cute::conditional_t<kWideEpilogueTile && cute::is_same_v<Schedule, Cooperative>,
