@@ -112,14 +112,15 @@ struct GemmBundle {
                                        cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>,
                                        BiasActOp>;
   // Wider epilogue subtiles than CUTLASS's automatic ones (64x32 ping-pong, 128x32 cooperative) for
-  // the 128-row tiles without C, aux output or K slices (the kinds measured; LoRA's extended-K
-  // forward and dx since bench/NOTES.md section 49): half the subtiles, so half the unrolled copies of the epilogue's code (the run-time
-  // activation's cases made it ~15K instructions, and its warps stalled on instruction fetch: 1.68
-  // cycles per issued instruction against 0.38 with ReLU fixed at compile time, ncu at 4096 x 4096
-  // x 128). On an H200 (bench/kernels, L2 flushed; bias+ReLU / plain): ping-pong 64x64 4096 x 4096
-  // x 128 37.7 -> 30.1 / 17.6 -> 16.5 us, 65536 x 128 x 64 33.9 -> 28.3, 1024^3 20.0 -> 17.5,
-  // 4096^3 189.6 -> 188.0; cooperative 128x64 4096 x 4096 x 128 32.8 -> 29.7, 1024^3 15.1 -> 14.2,
-  // 4096^3 200.4 -> 198.0 (bench/NOTES.md section 23).
+  // the 128-row tiles without C, aux output or K slices: half the subtiles, so half the unrolled
+  // copies of the epilogue's code (the run-time activation's cases made it ~15K instructions, and
+  // its warps stalled on instruction fetch: 1.68 cycles per issued instruction against 0.38 with
+  // ReLU fixed at compile time, ncu at 4096 x 4096 x 128). On an H200 (bench/kernels, L2 flushed;
+  // bias+ReLU / plain): ping-pong 64x64 4096 x 4096 x 128 37.7 -> 30.1 / 17.6 -> 16.5 us,
+  // 65536 x 128 x 64 33.9 -> 28.3, 1024^3 20.0 -> 17.5, 4096^3 189.6 -> 188.0; cooperative 128x64
+  // 4096 x 4096 x 128 32.8 -> 29.7, 1024^3 15.1 -> 14.2, 4096^3 200.4 -> 198.0 (bench/NOTES.md
+  // section 23); LoRA's extended-K forward over the plain GEMM's time at 4096 -> 4096, 2048 and
+  // 8192 rows, +2.5 -> +1.3 us and +6.5 -> +2.4 us (section 49).
   static constexpr bool kWideEpilogueTile = TileM == 128 && !kTransposed && !kAux && !kSource && !kKSlices;
   using EpilogueTile = cute::conditional_t<
       kWideEpilogueTile && cute::is_same_v<Schedule, Pingpong>, cute::Shape<cute::_64, cute::_64>,
