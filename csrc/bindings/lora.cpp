@@ -103,6 +103,12 @@ at::Tensor scaled_rows(const at::Tensor& v_t, double scaling) {
   return at::mul_out(out, v_t.t(), at::Scalar(scaling));
 }
 
+// A comparison switch of this file: on unless the environment variable is "0" (read per call).
+bool switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
+}
+
 // dA = s U^T drop(x) needs only U and x, both ready before the dx GEMM, which runs a persistent
 // grid of one CTA per SM whose last round of tiles leaves SMs idle (8192 x 4096 -> 4096 on 128x256
 // tiles: 1024 tiles, 7.76 rounds, 32 SMs idle for the last one). Enqueued on a second stream right
@@ -114,19 +120,13 @@ at::Tensor scaled_rows(const at::Tensor& v_t, double scaling) {
 // The two launches are not ordered on the GPU: where dA's blocks start first (seen in eager runs),
 // the GEMM's CTAs on those SMs start after them and the step takes as long as with dA after the
 // GEMM. CUTLASS_EXT_LORA_OVERLAP=0 runs dA after the dx GEMM on the current stream.
-bool lora_overlap_enabled() {
-  const char* v = std::getenv("CUTLASS_EXT_LORA_OVERLAP");
-  return v == nullptr || std::string(v) != "0";
-}
+bool lora_overlap_enabled() { return switch_on("CUTLASS_EXT_LORA_OVERLAP"); }
 
 // Below this many elements of x, dA is a few microseconds and the second stream's events and
 // launch cost more than the idle SMs give.
 constexpr int64_t kOverlapMinElements = int64_t(1) << 23;
 
-bool rank_pass_enabled() {
-  const char* v = std::getenv("CUTLASS_EXT_LORA_RANK_PASS");
-  return v == nullptr || std::string(v) != "0";
-}
+bool rank_pass_enabled() { return switch_on("CUTLASS_EXT_LORA_RANK_PASS"); }
 
 // Rank-r pass parameters over x [M, N] (unit column stride); the caller adds the products.
 RankPassParams rank_pass_over(const at::Tensor& x, int64_t r, const char* op) {

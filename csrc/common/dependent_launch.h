@@ -48,18 +48,28 @@ inline bool dependent_launch_supported() {
   return cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device) >= 9;
 }
 
-#if defined(__CUDACC__)
-// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the kernel before it
-// where the device supports it and it is enabled. A launch error is left for cudaGetLastError().
-template <class... KernelArgs, class... Args>
-void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
-  if (!dependent_launch_enabled().load() || !dependent_launch_supported()) {
-    kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
-    return;
-  }
+// Whether a launch that may be a programmatic dependent is launched as one: the switch is on and
+// the current device takes the attribute.
+inline bool dependent_launch_active() { return dependent_launch_enabled().load() && dependent_launch_supported(); }
+
+// The launch attribute that makes a kernel a programmatic dependent of the kernel before it.
+inline cudaLaunchAttribute programmatic_serialization_attribute() {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
+  return attribute;
+}
+
+#if defined(__CUDACC__)
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the kernel before it
+// where dependent_launch_active(). A launch error is left for cudaGetLastError().
+template <class... KernelArgs, class... Args>
+void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  if (!dependent_launch_active()) {
+    kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+    return;
+  }
+  cudaLaunchAttribute attribute = programmatic_serialization_attribute();
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;

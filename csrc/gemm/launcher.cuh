@@ -73,11 +73,7 @@ cudaLaunchConfig_t launch_config(dim3 grid, cudaStream_t stream, cudaLaunchAttri
     cluster.val.clusterDim.y = cute::size<1>(Cluster{});
     cluster.val.clusterDim.z = cute::size<2>(Cluster{});
   }
-  if (dependent) {
-    cudaLaunchAttribute& serialization = attributes[config.numAttrs++];
-    serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    serialization.val.programmaticStreamSerializationAllowed = 1;
-  }
+  if (dependent) attributes[config.numAttrs++] = programmatic_serialization_attribute();
   return config;
 }
 
@@ -130,7 +126,7 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
     if (err != cudaSuccess) return {"initialize", cudaGetErrorString(err)};
     using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
     if constexpr (detail::WaitsForPriorGrid<typename Kernel::CollectiveMainloop>::value) {
-      dependent = dependent && dependent_launch_enabled().load() && dependent_launch_supported();
+      dependent = dependent && dependent_launch_active();
     } else {
       dependent = false;
     }
