@@ -35,8 +35,8 @@ int gemm_active_clusters(const std::string& name) {
   throw std::invalid_argument("cutlass_ext: no GEMM kernel named '" + name + "' in this build");
 }
 
-// Turns programmatic dependent launch of the split reductions' second kernels on or off; returns
-// the previous setting.
+// Turns programmatic dependent launch (of the split reductions' second kernels, the rank pass's
+// finish and LoRA's extended-K GEMMs) on or off; returns the previous setting.
 bool set_dependent_launch(bool enabled) { return dependent_launch_enabled().exchange(enabled); }
 
 }  // namespace
