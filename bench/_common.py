@@ -29,6 +29,8 @@ def warm_up_gpu(seconds: float = 1.0) -> None:
 
 
 FLUSH_MODES = ("zero", "read")
+# What runs (untimed) before each timed call's flush: nothing, or a 4096^3 bf16 GEMM.
+PRECEDE_MODES = ("none", "gemm")
 
 
 class Timer:
@@ -37,17 +39,34 @@ class Timer:
     it, which leaves clean lines. Memory-bound calls read 10-25% slower after "zero" (bench/NOTES.md
     sections 32 and 33), and not by the same amount for every kernel."""
 
-    def __init__(self, warmup: int = 5, iters: int = 30, flush: str = "zero", sustain: float = 0.0):
+    def __init__(self, warmup: int = 5, iters: int = 30, flush: str = "zero", sustain: float = 0.0,
+                 precede: str = "none"):
         """``sustain`` > 0 times each provider in blocks of its own instead of round-robin
-        (``block_order``): ``sustain`` seconds of untimed calls, then its samples."""
+        (``block_order``): ``sustain`` seconds of untimed calls, then its samples.
+
+        ``precede`` = "gemm" runs a 4096^3 bf16 GEMM (untimed) before each timed call's flush, so
+        that every sample follows the same kind of kernel. In round-robin order a sample follows
+        the previous provider's call, and a compute-bound call ran up to 9% slower right after a
+        power-hungry GEMM (cuBLAS's product of the same shape, or a 4096^3 one) than after an
+        elementwise kernel or itself (H200, 1024 x 4096 -> 1024: 23.4-23.7 against 21.5-21.6 us;
+        bench/NOTES.md section 51). An order in
+        which every provider follows a GEMM (the benches' own) is not biased by it; an A/B whose
+        providers follow different kinds of kernels is."""
         if flush not in FLUSH_MODES:
             raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
         if sustain < 0:
             raise ValueError(f"sustain must be >= 0 seconds, got {sustain}")
+        if precede not in PRECEDE_MODES:
+            raise ValueError(f"precede must be one of {PRECEDE_MODES}, got {precede!r}")
         self.warmup = warmup
         self.iters = iters
         self.flush = flush
         self.sustain = sustain
+        self.precede = precede
+        self._precede_operands = None
+        if precede == "gemm":
+            self._precede_operands = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16),
+                                      torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16))
         # Larger than any Hopper L2 (50-60 MB): writing or reading it evicts the previous call's inputs.
         self._flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
         if flush == "read":
@@ -65,6 +84,8 @@ class Timer:
 
     def _sample(self, fn):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self._precede_operands is not None:
+            torch.mm(*self._precede_operands)
         self._empty_l2()
         start.record()
         fn()
@@ -122,6 +143,9 @@ def add_timer_arguments(parser, iters: int, flush: bool = True) -> None:
     if flush:
         parser.add_argument("--flush", default="zero", choices=FLUSH_MODES,
                             help="how L2 is emptied before each timed call (zero: write a buffer, read: read it)")
+    parser.add_argument("--precede", default="none", choices=PRECEDE_MODES,
+                        help="what runs untimed before each timed call's flush (gemm: a 4096^3 bf16 GEMM, so that "
+                             "every sample follows the same kind of kernel; default none)")
     parser.add_argument("--sustain", type=float, default=0.0,
                         help="seconds of untimed calls before each provider's block of samples; the providers "
                              "then run in blocks (in order, then in reverse) instead of taking turns, which times "
@@ -129,7 +153,8 @@ def add_timer_arguments(parser, iters: int, flush: bool = True) -> None:
 
 
 def timer_from_args(args) -> Timer:
-    return Timer(iters=args.iters, flush=getattr(args, "flush", "zero"), sustain=args.sustain)
+    return Timer(iters=args.iters, flush=getattr(args, "flush", "zero"), sustain=args.sustain,
+                 precede=getattr(args, "precede", "none"))
 
 
 def block_order(names: list, iters: int) -> list:

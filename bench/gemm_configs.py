@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     }
     print("summary: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
     path = write_results(f"gemm_configs-{args.set}-{args.dtype}",
-                         {"flush": args.flush, "sustain_s": args.sustain, "rows": rows, "summary": summary}, args.out)
+                         {"flush": args.flush, "sustain_s": args.sustain, "precede": args.precede, "rows": rows,
+                          "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0
 

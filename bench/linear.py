@@ -133,7 +133,7 @@ def main(argv=None) -> int:
                     del x, w, b, grad
     summary = summarize(rows)
     path = write_results("linear", {"cuda_graphs": args.graphs, "flush": args.flush, "sustain_s": args.sustain,
-                                    "rows": rows, "summary": summary},
+                                    "precede": args.precede, "rows": rows, "summary": summary},
                          args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")

@@ -250,8 +250,8 @@ def main(argv=None) -> int:
             del a, bb, peft_layer
         del w, b
     summary = summarize(rows)
-    path = write_results("lora", {"cuda_graphs": args.graphs, "sustain_s": args.sustain, "rows": rows,
-                                  "summary": summary,
+    path = write_results("lora", {"cuda_graphs": args.graphs, "sustain_s": args.sustain, "precede": args.precede,
+                                  "rows": rows, "summary": summary,
                                   "targets": {f"{m}/{p}": t for (m, p), t in TARGETS.items()}}, args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")

@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         print(f"{dtype_name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS; min at >= 4096^3: "
               f"{s['min_at_4096_cubed_and_up']}; shapes below 1.0x: {len(s['misses'])}")
     path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "flush": args.flush,
-                                    "chain": args.chain, "sustain_s": args.sustain,
+                                    "chain": args.chain, "sustain_s": args.sustain, "precede": args.precede,
                                     "rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from _common import Timer, block_order  # noqa: E402
+import argparse  # noqa: E402
+
+from _common import Timer, add_timer_arguments, block_order  # noqa: E402
 
 
 @pytest.mark.parametrize("iters", [1, 2, 5, 30])
@@ -30,3 +32,17 @@ def test_block_order_samples_and_drift(names, iters):
 def test_sustain_is_checked():
     with pytest.raises(ValueError, match="sustain"):
         Timer.__init__(object.__new__(Timer), sustain=-1.0)
+
+
+def test_precede_is_checked():
+    with pytest.raises(ValueError, match="precede"):
+        Timer.__init__(object.__new__(Timer), precede="cublas")
+
+
+def test_precede_option():
+    parser = argparse.ArgumentParser()
+    add_timer_arguments(parser, iters=10)
+    assert parser.parse_args([]).precede == "none"
+    assert parser.parse_args(["--precede", "gemm"]).precede == "gemm"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--precede", "copy"])
