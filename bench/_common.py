@@ -49,9 +49,8 @@ class Timer:
         the previous provider's call, and a compute-bound call ran up to 9% slower right after a
         power-hungry GEMM (cuBLAS's product of the same shape, or a 4096^3 one) than after an
         elementwise kernel or itself (H200, 1024 x 4096 -> 1024: 23.4-23.7 against 21.5-21.6 us;
-        bench/NOTES.md section 51). An order in
-        which every provider follows a GEMM (the benches' own) is not biased by it; an A/B whose
-        providers follow different kinds of kernels is."""
+        bench/NOTES.md section 51). An order in which every provider follows a GEMM (the benches'
+        own) is not biased by it; an A/B whose providers follow different kinds of kernels is."""
         if flush not in FLUSH_MODES:
             raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
         if sustain < 0:
@@ -62,7 +61,6 @@ class Timer:
         self.iters = iters
         self.flush = flush
         self.sustain = sustain
-        self.precede = precede
         self._precede_operands = None
         if precede == "gemm":
             self._precede_operands = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16),
