@@ -4,11 +4,11 @@
 // shared memory, so the row is read from memory once, and the CTAs exchange their partial
 // statistics through distributed shared memory. Torch-free, CUDA only.
 //
-// Device side: cluster_slice() says which columns this CTA holds; cluster_fold() folds every
-// rank's partial in rank order, so all CTAs of a cluster get the same bits; cluster_release()
-// must follow before the CTA exits (a CTA's shared memory has to outlive the other ranks' reads
-// of it). Host side: row_cluster_ranks() picks the cluster size, launch_row_clusters() launches
-// one cluster per row.
+// Device side: cluster_slice() says which columns this CTA holds; cluster_gather() hands every
+// rank's partial to the lanes of every warp and cluster_butterfly() combines them, so all CTAs of
+// a cluster get the same bits; cluster_release() must follow before the CTA exits (a CTA's shared
+// memory has to outlive the other ranks' reads of it). Host side: row_cluster_ranks() picks the
+// cluster size, launch_row_clusters() launches one cluster per row.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -26,6 +26,8 @@ namespace cutlass_ext {
 // The largest cluster: the portable limit. Hopper allows 16 CTAs where a kernel opts in, but 16
 // slices of 32 KB measured slower than 8 of 64 KB (bench/NOTES.md section 28).
 constexpr int kMaxRowClusterRanks = 8;
+static_assert((kMaxRowClusterRanks & (kMaxRowClusterRanks - 1)) == 0 && kMaxRowClusterRanks <= 32,
+              "cluster_gather hands the ranks to the lanes of a warp");
 // A CTA's slice of a row is kept to this many bytes: three CTAs fit an SM's 227 KB, so one can
 // copy its next row in while the others compute and write. With one 128 KB row per CTA, one CTA
 // per SM, the SM's loads stop while it writes. 32 KB slices measured slower.
@@ -57,29 +59,47 @@ __device__ __forceinline__ int64_t cluster_row() {
 #endif
 }
 
-// Every rank's `mine` (as passed by that rank's thread 0) folded in rank order, acc = fold(acc, v)
-// from `init`, so that every thread of every rank gets the same bits. `slot` is a __shared__ V of
-// the kernel. Every thread of the CTA must call it, once per kernel, and call cluster_release()
-// later.
-template <class V, class Fold>
-__device__ __forceinline__ V cluster_fold(V mine, V* slot, V init, Fold fold) {
+// Every rank's `mine` (as passed by that rank's thread 0) to every warp: lane l gets rank
+// (l mod kMaxRowClusterRanks)'s value, or `none` where the cluster has fewer ranks, so that
+// cluster_butterfly() can combine them in registers. One remote load a lane, all in flight at
+// once: a rank-order fold in every thread (a dependent remote load and a merge a rank) took ~11%
+// of the layer_norm forward's instructions at eight ranks, and its latency sat before the normalize
+// pass (bench/NOTES.md section 52). `slot` is a __shared__ V of the kernel. Every thread of the
+// CTA must call it, once per kernel, and call cluster_release() later.
+template <class V>
+__device__ __forceinline__ V cluster_gather(V mine, V* slot, V none) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   if (threadIdx.x == 0) *slot = mine;
   cluster.sync();  // release/acquire: every rank's slot is written and visible
-  const int ranks = int(cluster.num_blocks());
-  V acc = init;
-  for (int r = 0; r < ranks; ++r) acc = fold(acc, *cluster.map_shared_rank(slot, r));
+  const int rank = int(threadIdx.x) & (kMaxRowClusterRanks - 1);
+  const V v = rank < int(cluster.num_blocks()) ? *cluster.map_shared_rank(slot, rank) : none;
   cluster.barrier_arrive();  // this CTA is done reading the others' slots
-  return acc;
+  return v;
 #else
   __trap();
-  return init;
+  return none;
 #endif
 }
 
-// Waits until every rank has read this CTA's slot (see cluster_fold).
+__device__ __forceinline__ float shuffle_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+__device__ __forceinline__ float2 shuffle_xor(float2 v, int mask) {
+  return make_float2(shuffle_xor(v.x, mask), shuffle_xor(v.y, mask));
+}
+
+// cluster_gather's values combined over each group of kMaxRowClusterRanks lanes, pairs of lanes
+// then pairs of pairs (a butterfly). With a commutative `combine` (combine(a, b) and
+// combine(b, a) the same bits, as float addition and fmaxf are), every lane of every warp of every
+// rank ends with the same bits.
+template <class V, class Combine>
+__device__ __forceinline__ V cluster_butterfly(V v, Combine combine) {
+#pragma unroll
+  for (int mask = kMaxRowClusterRanks / 2; mask > 0; mask >>= 1) v = combine(v, shuffle_xor(v, mask));
+  return v;
+}
+
+// Waits until every rank has read this CTA's slot (see cluster_gather).
 __device__ __forceinline__ void cluster_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::this_cluster().barrier_wait();

@@ -545,7 +545,7 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 //  - whether weight and bias exist is decided once per block, not per piece.
 // kCluster: the row is split over a cluster of CTAs (common/cluster_rows.cuh), `slice` columns
 // each; every CTA takes its slice's mean and squared deviations as above, and the slices'
-// moments are merged in rank order (Chan's formula) in every CTA alike.
+// moments are merged as sums over the ranks in every CTA alike (cluster_butterfly).
 template <class T, int kThreads, bool kRelu, bool kDropout, bool kCluster>
 __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const& p, int slice) {
   constexpr int kVec = vec_width<T>();
@@ -583,11 +583,16 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
     const float slice_mean = group_sum<kThreads>(fmaf(float(count), shift, s1), scratch) * inv_n;
     const float delta = slice_mean - shift;
     const float slice_m2 = group_sum<kThreads>(fmaf(delta, fmaf(float(count), delta, -2.f * s1), s2), scratch);
+    // The slices' moments merged as sums over the ranks: the row mean from the slices' sums, then
+    // the squared deviations as each slice's own plus its count times its mean's squared distance
+    // from the row mean (an exact decomposition; every term is >= 0).
     __shared__ Moments slot;
-    const Moments total = cluster_fold(Moments{float(part.n), slice_mean, fmaxf(slice_m2, 0.f)}, &slot,
-                                       Moments{0.f, 0.f, 0.f}, [](Moments a, Moments b) { return merge(a, b); });
-    mean = total.mean;
-    rstd = rsqrtf(total.m2 * inv_cols + p.eps);
+    const Moments own = cluster_gather(Moments{float(part.n), slice_mean, fmaxf(slice_m2, 0.f)}, &slot,
+                                       Moments{0.f, 0.f, 0.f});
+    const auto add = [](float a, float b) { return a + b; };
+    mean = cluster_butterfly(own.n * own.mean, add) * inv_cols;
+    const float d = own.mean - mean;
+    rstd = rsqrtf(cluster_butterfly(fmaf(own.n * d, d, own.m2), add) * inv_cols + p.eps);
   } else {
     mean = group_sum<kThreads>(fmaf(float(count), shift, s1), scratch) * inv_cols;
     const float delta = mean - shift;

@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kLongThreads) softmax_backward_long_kernel(Sof
 // first column group while the others are still being copied in; the write pass reads the row
 // from shared memory, so x is read from memory once. kCluster: the row is split over a cluster of
 // CTAs, `slice` columns each (common/cluster_rows.cuh), whose (max, sum) pairs every CTA combines
-// in rank order.
+// alike (cluster_butterfly).
 template <class T, bool kCluster>
 __device__ __forceinline__ void softmax_shared_row(SoftmaxParams const& p, int slice) {
   constexpr int kVec = vec_width<T>();
@@ -483,11 +483,11 @@ __device__ __forceinline__ void softmax_shared_row(SoftmaxParams const& p, int s
   if constexpr (kCluster) {
     // (max, sum against shift(max)) pairs, combined as the long rows' steps are.
     __shared__ float2 slot;
-    const float2 total = cluster_fold(make_float2(row_max, sum), &slot, make_float2(-INFINITY, 0.f),
-                                      [](float2 a, float2 b) {
-                                        const float m = fmaxf(a.x, b.x);
-                                        return make_float2(m, rescale(a.y, a.x, m) + rescale(b.y, b.x, m));
-                                      });
+    const float2 own = cluster_gather(make_float2(row_max, sum), &slot, make_float2(-INFINITY, 0.f));
+    const float2 total = cluster_butterfly(own, [](float2 a, float2 b) {
+      const float m = fmaxf(a.x, b.x);
+      return make_float2(m, rescale(a.y, a.x, m) + rescale(b.y, b.x, m));
+    });
     row_max = total.x;
     sum = total.y;
   }
@@ -540,7 +540,7 @@ __device__ __forceinline__ void softmax_backward_shared_row(SoftmaxBackwardParam
   dot = block_sum(dot, scratch);
   if constexpr (kCluster) {
     __shared__ float slot;
-    dot = cluster_fold(dot, &slot, 0.f, [](float a, float b) { return a + b; });
+    dot = cluster_butterfly(cluster_gather(dot, &slot, 0.f), [](float a, float b) { return a + b; });
   }
   T* dx = static_cast<T*>(p.grad_input) + row * p.grad_input_ld + part.begin;
   for_all_own_pieces<T>(part.n, [&](int64_t col) {

@@ -8,7 +8,8 @@ namespace {
 __global__ void cluster_rows_kernel(float* out, int64_t cols, int slice) {
   const cutlass_ext::RowSlice part = cutlass_ext::cluster_slice(cols, slice);
   __shared__ float slot;
-  const float total = cutlass_ext::cluster_fold(float(part.n), &slot, 0.f, [](float a, float b) { return a + b; });
+  const float total = cutlass_ext::cluster_butterfly(cutlass_ext::cluster_gather(float(part.n), &slot, 0.f),
+                                                     [](float a, float b) { return a + b; });
   if (threadIdx.x == 0) out[cutlass_ext::cluster_row()] = total;
   cutlass_ext::cluster_release();
 }
