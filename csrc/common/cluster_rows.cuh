@@ -62,9 +62,9 @@ __device__ __forceinline__ int64_t cluster_row() {
 // Every rank's `mine` (as passed by that rank's thread 0) to every warp: lane l gets rank
 // (l mod kMaxRowClusterRanks)'s value, or `none` where the cluster has fewer ranks, so that
 // cluster_butterfly() can combine them in registers. One remote load a lane, all in flight at
-// once: a rank-order fold in every thread (a dependent remote load and a merge a rank) took ~11%
-// of the layer_norm forward's instructions at eight ranks, and its latency sat before the normalize
-// pass (bench/NOTES.md section 52). `slot` is a __shared__ V of the kernel. Every thread of the
+// once: a rank-order fold in every thread (a dependent remote load and a merge a rank) took 13%
+// of the layer_norm forward's instructions at eight ranks, and its latency sat before the
+// normalize pass (bench/NOTES.md section 52). `slot` is a __shared__ V of the kernel. Every thread of the
 // CTA must call it, once per kernel, and call cluster_release() later.
 template <class V>
 __device__ __forceinline__ V cluster_gather(V mine, V* slot, V none) {
