@@ -155,6 +155,13 @@ def timer_from_args(args) -> Timer:
                  precede=getattr(args, "precede", "none"))
 
 
+def timer_settings(args) -> dict:
+    """The timing options of ``add_timer_arguments`` as a benchmark's JSON records them (flush only
+    where the command line has it)."""
+    settings = {"flush": args.flush} if hasattr(args, "flush") else {}
+    return {**settings, "sustain_s": args.sustain, "precede": args.precede}
+
+
 def block_order(names: list, iters: int) -> list:
     """(name, samples) blocks for sustained timing: the providers in order and then in reverse,
     ``iters`` samples each split over its two blocks, so that a drift linear in time (the GPU

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_timer_arguments, geomean, timer_from_args, write_results  # noqa: E402
+from _common import add_timer_arguments, geomean, timer_from_args, timer_settings, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
@@ -111,8 +111,7 @@ def main(argv=None) -> int:
     }
     print("summary: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
     path = write_results(f"gemm_configs-{args.set}-{args.dtype}",
-                         {"flush": args.flush, "sustain_s": args.sustain, "precede": args.precede, "rows": rows,
-                          "summary": summary}, args.out)
+                         {**timer_settings(args), "rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0
 

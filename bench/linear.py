@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_timer_arguments, geomean, graphed, timer_from_args, write_results  # noqa: E402
+from _common import (add_timer_arguments, geomean, graphed, timer_from_args, timer_settings,  # noqa: E402
+                     write_results)
 
 import cutlass_ext  # noqa: E402
 
@@ -132,9 +133,8 @@ def main(argv=None) -> int:
                                      "tflops": flops / us / 1e6})
                     del x, w, b, grad
     summary = summarize(rows)
-    path = write_results("linear", {"cuda_graphs": args.graphs, "flush": args.flush, "sustain_s": args.sustain,
-                                    "precede": args.precede, "rows": rows, "summary": summary},
-                         args.out)
+    path = write_results("linear", {"cuda_graphs": args.graphs, **timer_settings(args), "rows": rows,
+                                    "summary": summary}, args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")
     return 0

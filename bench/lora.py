@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_timer_arguments, geomean, graphed, timer_from_args, write_results  # noqa: E402
+from _common import (add_timer_arguments, geomean, graphed, timer_from_args, timer_settings,  # noqa: E402
+                     write_results)
 
 import cutlass_ext  # noqa: E402
 
@@ -250,8 +251,7 @@ def main(argv=None) -> int:
             del a, bb, peft_layer
         del w, b
     summary = summarize(rows)
-    path = write_results("lora", {"cuda_graphs": args.graphs, "sustain_s": args.sustain, "precede": args.precede,
-                                  "rows": rows, "summary": summary,
+    path = write_results("lora", {"cuda_graphs": args.graphs, **timer_settings(args), "rows": rows, "summary": summary,
                                   "targets": {f"{m}/{p}": t for (m, p), t in TARGETS.items()}}, args.out)
     print_tables(rows, summary)
     print(f"wrote {path}")

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (add_timer_arguments, geomean, graphed, operand_copies, timer_from_args,  # noqa: E402
-                     write_results)
+                     timer_settings, write_results)
 
 import cutlass_ext  # noqa: E402
 
@@ -112,9 +112,8 @@ def main(argv=None) -> int:
         s = summary[dtype_name]
         print(f"{dtype_name}: geomean {s['geomean_vs_cublas']:.3f}x cuBLAS; min at >= 4096^3: "
               f"{s['min_at_4096_cubed_and_up']}; shapes below 1.0x: {len(s['misses'])}")
-    path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "flush": args.flush,
-                                    "chain": args.chain, "sustain_s": args.sustain, "precede": args.precede,
-                                    "rows": rows, "summary": summary}, args.out)
+    path = write_results("matmul", {"config": args.config, "cuda_graphs": args.graphs, "chain": args.chain,
+                                    **timer_settings(args), "rows": rows, "summary": summary}, args.out)
     print(f"wrote {path}")
     return 0
 

@@ -1,14 +1,13 @@
 """The benchmarks' sustained timing order (bench/_common.py), checked without a GPU."""
 
+import argparse
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import argparse  # noqa: E402
-
-from _common import Timer, add_timer_arguments, block_order  # noqa: E402
+from _common import Timer, add_timer_arguments, block_order, timer_settings  # noqa: E402
 
 
 @pytest.mark.parametrize("iters", [1, 2, 5, 30])
@@ -46,3 +45,12 @@ def test_precede_option():
     assert parser.parse_args(["--precede", "gemm"]).precede == "gemm"
     with pytest.raises(SystemExit):
         parser.parse_args(["--precede", "copy"])
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_timer_settings_record_the_options(flush):
+    parser = argparse.ArgumentParser()
+    add_timer_arguments(parser, iters=10, flush=flush)
+    args = parser.parse_args(["--sustain", "0.5", "--precede", "gemm"] + (["--flush", "read"] if flush else []))
+    expected = {"sustain_s": 0.5, "precede": "gemm"}
+    assert timer_settings(args) == ({"flush": "read", **expected} if flush else expected)
