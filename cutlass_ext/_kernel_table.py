@@ -37,6 +37,12 @@ class GemmConfig:
     def stream_k(self) -> bool:
         return self.scheduler == "StreamKScheduler"
 
+    @property
+    def extended_mma_shape(self) -> bool:
+        """Whether the tile's width needs one of the MMA shapes CUTLASS builds only on request
+        (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): any but 8, 16, 32, 64, 96, 128, 192 and 256."""
+        return self.tile_n not in (8, 16, 32, 64, 96, 128, 192, 256)
+
 
 # In order of preference: the binding takes the first data-parallel config whose output tiles
 # fill every SM at least once, else the stream-K config. Measured on an H200 (bench/NOTES.md):
@@ -90,6 +96,20 @@ MID_CONFIGS = (
     GemmConfig(
         "128x128_2x2_pp", 128, 128, 2, 2, "Pingpong", "PersistentScheduler",
         use="two or more waves of 128x128 tiles, where 2x2 clusters need no more rounds than 1x2",
+    ),
+)
+
+# Between one and two waves of 128x128 tiles, tiles 144 wide can make exactly one wave: 1536^3 is
+# 12 x 11 of them on 132 SMs, where 128x128 tiles make 144 (a second wave of 12) and the 64x128
+# transposed tiles 2.2 rounds. cuBLASLt's kernel there has a 144-wide tile (13.2 us of kernel
+# time on an H200 against our 64x128 tiles' 22.6, bench/NOTES.md section 52). The 2x1 cluster
+# pairs the 12 row tiles (a 1x2 pair of 11 column tiles would need a second round of clusters).
+# Its MMA is CUTLASS's 64x144 shape, one of the extended shapes its header enables on request
+# (unit_source), with 48-wide epilogue subtiles (csrc/gemm/sm90_gemm.cuh).
+ONE_WAVE_CONFIGS = (
+    GemmConfig(
+        "128x144_2x1_coop", 128, 144, 2, 1, "Cooperative", "PersistentScheduler",
+        use="between one and two waves of 128x128 tiles, where 144-wide tiles fill one wave better",
     ),
 )
 
@@ -397,7 +417,8 @@ def all_kernels() -> list[GemmKernel]:
                 for cfg in TF32_CONFIGS if dtype == "tf32" else SM90_16BIT_CONFIGS:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 if dtype != "tf32" and (a, b) == ("k", "k"):
-                    for cfg in (MID_CONFIGS if not aux else MID_CONFIGS[:1]) + WIDE_16BIT_CONFIGS:
+                    for cfg in (MID_CONFIGS if not aux else MID_CONFIGS[:1]) + WIDE_16BIT_CONFIGS + (
+                            ONE_WAVE_CONFIGS if not aux else ()):
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 # Transposed kernels serve small-M products: the forward (its A' is the K-major
                 # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.
@@ -534,8 +555,12 @@ def unit_of(kernels: list[GemmKernel]) -> dict[str, str]:
 def unit_source(group: list[GemmKernel]) -> str:
     """The generated .cu source of one translation unit's kernels."""
     uses = "".join(dict.fromkeys(f"// For: {k.config.use}\n" for k in group))
+    # The extended MMA shapes only add candidates between the standard ones, so the unit's other
+    # tiles keep theirs.
+    extended = any(isinstance(k.config, GemmConfig) and k.config.extended_mma_shape for k in group)
     return (
-        BANNER + uses + f'#include "{group[0].header()}"\n\n'
+        BANNER + uses + ("#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED\n" if extended else "")
+        + f'#include "{group[0].header()}"\n\n'
         + "namespace cutlass_ext::generated {\n"
         + "".join(k.definition() for k in group)
         + "}  // namespace cutlass_ext::generated\n"

@@ -141,14 +141,27 @@ def test_short_k_takes_the_hand_written_kernel(driver):
     assert pick(driver, 32768, 64, 4096)[0] != "lowk_64x128"  # many rows at K = 64: CUTLASS
 
 
-@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000)])
+@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (1024, 2304)])
 def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, n):
     config, _ = pick(driver, m, 264, n)
     square = tiles(m, n, 128, 128)
     assert 2 * square >= SMS and square < 2 * SMS
     fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
-    expected = "t64x128_pp" if fill(tiles(n, m, 64, 128)) > fill(square) + 0.1 else "128x128_2x1_coop"
+    expected, best = "128x128_2x1_coop", fill(square)
+    for name, count in (("t64x128_pp", tiles(n, m, 64, 128)), ("128x144_2x1_coop", tiles(m, n, 128, 144))):
+        if fill(count) > best + 0.1:
+            expected, best = name, fill(count)
     assert config == expected, config
+
+
+def test_one_wave_tiles_only_by_their_waves(driver):
+    """The 128x144 tiles make one wave of 1536^3 (12 x 11 on 132 SMs); the wide-tile rule, which
+    takes the first larger tile after the preferred one, passes over them."""
+    assert tiles(1536, 1536, 128, 144) == SMS
+    assert pick(driver, 1536, 1536, 1536)[0] == "128x144_2x1_coop"
+    assert pick(driver, 1536, 1536, 1536, aux=True)[0] != "128x144_2x1_coop"  # not built with the aux output
+    assert pick(driver, 4096, 4096, 4096)[0] == "128x256_2x1_coop"
+    assert pick(driver, 8192, 8192, 8192)[0] == "128x256_2x1_coop"
 
 
 @pytest.mark.parametrize("k", [4096, 8192])

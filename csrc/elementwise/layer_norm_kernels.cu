@@ -98,6 +98,11 @@ constexpr int kLongThreads = 512;
 // the backward's dx kernel (x and dy in shared memory) with 256 threads (bench/NOTES.md).
 constexpr int kSharedNarrowThreads = 256;
 constexpr int kSharedNarrowMinRows = 4;
+// Threads of the forward's cluster CTAs where a slice takes the wide block (three 64 KB slices an
+// SM): 384, not kLongThreads. Measured on an H200 against 512 (bench/NOTES.md section 52):
+// relu+affine 1.14x at 512x262144, 1.07x at 1024x131072, 1.02x at 2048x65536; the one-CTA rows
+// kept 512 (384 measured 0.92x at 4096x32768).
+constexpr int kClusterWideThreads = 384;
 constexpr int kColThreadsX = 32, kColThreadsY = 8;  // the long path's dweight/dbias column kernel
 constexpr int kFinalizeThreadsY = 16;
 
@@ -646,8 +651,12 @@ __global__ void __launch_bounds__(kThreads) layer_norm_fwd_shared_kernel(LayerNo
   layer_norm_fwd_shared_row<T, kThreads, kRelu, kDropout, false>(p, int(p.cols));
 }
 
+// Three 384-thread CTAs an SM (three slices fit its shared memory): at most 56 registers a thread.
+// The 256-thread kernels keep no minimum (0): with a minimum of 1 ptxas gave them 46-56 registers
+// instead of 29-35.
 template <class T, int kThreads, bool kRelu, bool kDropout>
-__global__ void __launch_bounds__(kThreads) layer_norm_fwd_cluster_kernel(LayerNormParams p, int slice) {
+__global__ void __launch_bounds__(kThreads, kThreads == kClusterWideThreads ? 3 : 0)
+    layer_norm_fwd_cluster_kernel(LayerNormParams p, int slice) {
   layer_norm_fwd_shared_row<T, kThreads, kRelu, kDropout, true>(p, slice);
 }
 
@@ -716,11 +725,11 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
         }
       };
       using Narrow = std::integral_constant<int, kSharedNarrowThreads>;
-      using Wide = std::integral_constant<int, kLongThreads>;
+      using Wide = std::integral_constant<int, kCluster ? kClusterWideThreads : kLongThreads>;
       auto kernel = with_relu_dropout(p, [&](auto relu, auto dropout) {
         return narrow ? of(Narrow{}, relu, dropout) : of(Wide{}, relu, dropout);
       });
-      const int threads = narrow ? kSharedNarrowThreads : kLongThreads;
+      const int threads = narrow ? kSharedNarrowThreads : Wide::value;
       const size_t bytes = size_t(slice) * sizeof(T);
       if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) return false;
       if constexpr (kCluster) {

@@ -122,10 +122,15 @@ struct GemmBundle {
   // section 23); LoRA's extended-K forward over the plain GEMM's time at 4096 -> 4096, 2048 and
   // 8192 rows, +2.5 -> +1.3 us and +6.5 -> +2.4 us (section 49).
   static constexpr bool kWideEpilogueTile = TileM == 128 && !kTransposed && !kAux && !kSource && !kKSlices;
+  // Tiles 144 wide (ONE_WAVE_CONFIGS: an H200's 132 SMs as 12 x 11 tiles of a 1536^3 product):
+  // 48-wide subtiles, which divide the tile (64 does not, and CUTLASS's automatic 32 does not).
+  static constexpr bool kTile144 = TileN == 144;
   using EpilogueTile = cute::conditional_t<
-      kWideEpilogueTile && cute::is_same_v<Schedule, Pingpong>, cute::Shape<cute::_64, cute::_64>,
-      cute::conditional_t<kWideEpilogueTile && cute::is_same_v<Schedule, Cooperative>,
-                          cute::Shape<cute::_128, cute::_64>, cutlass::epilogue::collective::EpilogueTileAuto>>;
+      kTile144, cute::Shape<cute::Int<cute::is_same_v<Schedule, Cooperative> ? 128 : 64>, cute::_48>,
+      cute::conditional_t<
+          kWideEpilogueTile && cute::is_same_v<Schedule, Pingpong>, cute::Shape<cute::_64, cute::_64>,
+          cute::conditional_t<kWideEpilogueTile && cute::is_same_v<Schedule, Cooperative>,
+                              cute::Shape<cute::_128, cute::_64>, cutlass::epilogue::collective::EpilogueTileAuto>>>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile, Accumulator, float,

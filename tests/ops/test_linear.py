@@ -909,12 +909,12 @@ def test_small_m_forward_backward(dtype_name, m):
 
 # ------------------------------------------------------------------------------------------------
 # Between half a wave and two waves of 128x128 tiles the forward takes the cooperative 128x128
-# tiles or the transposed 64x128 tiles, whichever leaves its last wave fuller (by more than a
-# tenth of a wave; the cooperative ones on a tie).
+# tiles, the transposed 64x128 tiles or the 128x144 tiles, whichever leaves its last wave fuller
+# (by more than a tenth of a wave, in that order of preference).
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000)])
+@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536)])
 def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
     name = heuristic_kernel(m, 264, n)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -922,11 +922,16 @@ def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
     if not (2 * square >= sms and square < 2 * sms):
         pytest.skip(f"{square} tiles of 128x128 are outside (half a wave, two waves) on {sms} SMs")
     fill = lambda tiles: tiles / (math.ceil(tiles / sms) * sms)  # noqa: E731
-    narrow = math.ceil(m / 128) * math.ceil(n / 64)
-    if fill(narrow) > fill(square) + 0.1:
+    expected, best = "square", fill(square)
+    for kind, tiles in (("narrow", math.ceil(m / 128) * math.ceil(n / 64)),
+                        ("one_wave", math.ceil(m / 128) * math.ceil(n / 144))):
+        if fill(tiles) > best + 0.1:
+            expected, best = kind, fill(tiles)
+    if expected == "narrow":
         assert "Pingpong" in name, name
     else:
         assert "Cooperative" in name and "StreamK" not in name, name
+        assert ("ILi144E" in name or "C<144>" in name) == (expected == "one_wave"), name
 
 
 # Few columns over many rows with a short K (narrow MLP layers): the transposed product, in the
