@@ -261,7 +261,7 @@ HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG, FFMA_CONFIG, W
 
 def all_configs() -> tuple:
     """Every config of the table, in listing order."""
-    return tuple(dict.fromkeys(SM90_CONFIGS + MID_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS
+    return tuple(dict.fromkeys(SM90_CONFIGS + MID_CONFIGS + ONE_WAVE_CONFIGS + TRANSPOSED_CONFIGS + TF32_TRANSPOSED_CONFIGS
                                + (K_SLICES_CONFIG,) + SM80_CONFIGS + SIMT_CONFIGS + HAND_WRITTEN_CONFIGS))
 
 

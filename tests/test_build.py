@@ -292,6 +292,9 @@ def test_config_names_are_unique_and_tf32_covers_its_training_layouts():
     names = _kernel_table.config_names()
     assert len(names) == len(set(names))
     by_name = {cfg.name: cfg for cfg in _kernel_table.all_configs()}
+    # Every built kernel's config can be asked for by name (config=..., the benchmarks' sweeps).
+    for kernel in _kernel_table.all_kernels():
+        assert by_name[kernel.config.name] is kernel.config, kernel.name
     tf32 = [k for k in _kernel_table.all_kernels() if k.family == "sm90" and k.dtype == "tf32"]
     for kernel in tf32:
         assert by_name[kernel.config.name] is kernel.config
