@@ -141,13 +141,16 @@ def test_short_k_takes_the_hand_written_kernel(driver):
     assert pick(driver, 32768, 64, 4096)[0] != "lowk_64x128"  # many rows at K = 64: CUTLASS
 
 
-@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (1024, 2304)])
-def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, n):
-    config, _ = pick(driver, m, 264, n)
+@pytest.mark.parametrize("k", [264, 2048, 3072, 4096])
+@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (1024, 2304),
+                                 (2048, 2048)])
+def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, k, n):
+    config, _ = pick(driver, m, k, n)
     square = tiles(m, n, 128, 128)
     assert 2 * square >= SMS and square < 2 * SMS
     fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
-    expected, best = "128x128_2x1_coop", fill(square)
+    # The cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2 clusters) below.
+    expected, best = "128x128_2x1_coop" if k >= 4096 else "128x128_1x2_pp", fill(square)
     for name, count in (("t64x128_pp", tiles(n, m, 64, 128)), ("128x144_2x1_coop", tiles(m, n, 128, 144))):
         if fill(count) > best + 0.1:
             expected, best = name, fill(count)
@@ -164,6 +167,25 @@ def test_one_wave_tiles_only_by_their_waves(driver):
     assert pick(driver, 8192, 8192, 8192)[0] == "128x256_2x1_coop"
 
 
+def one_wave_tiles_take(m, n):
+    rounds = lambda count: math.ceil(count / SMS)  # noqa: E731
+    return rounds(tiles(m, n, 128, 144)) * 144 * 100 <= rounds(tiles(m, n, 128, 128)) * 128 * 85
+
+
+@pytest.mark.parametrize("m,k,n", [(3072, 3072, 1536), (4608, 4096, 1536), (3072, 3072, 3072), (6144, 4096, 1536),
+                                   (4096, 2048, 3072), (8192, 4096, 1536), (2048, 4096, 11008), (4096, 4096, 4096)])
+def test_from_two_waves_one_wave_tiles_where_their_rounds_cost_less(driver, m, k, n):
+    """Past two waves of 128x128 tiles the 128x144 tiles are taken where their rounds times their
+    area are at most 85% of the 128x128 tiles': 3072 x 3072 -> 1536 is 264 tiles (2 rounds)
+    against 288 (3 rounds)."""
+    assert tiles(m, n, 128, 128) >= 2 * SMS
+    takes = one_wave_tiles_take(m, n)
+    assert takes == ((m, k, n) in [(3072, 3072, 1536), (4608, 4096, 1536)])
+    config, _ = pick(driver, m, k, n)
+    assert (config == "128x144_2x1_coop") == takes, config
+    assert pick(driver, m, k, n, aux=True)[0] != "128x144_2x1_coop"
+
+
 @pytest.mark.parametrize("k", [4096, 8192])
 def test_partial_second_wave_with_a_long_k_takes_stream_k(driver, k):
     n = 128 * math.ceil(1.3 * SMS / 6)
@@ -177,11 +199,15 @@ def test_partial_second_wave_with_a_long_k_takes_stream_k(driver, k):
 
 def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds(driver):
     wide_ctas, dp_ctas = min(SMS, 4 * CLUSTERS[4]), min(SMS, 2 * CLUSTERS[2])
-    for n_tiles in (math.ceil((2 * SMS + 8) / 8), math.ceil(4 * SMS / 8)):
+    for n_tiles in (math.ceil((2 * SMS + 8) / 8), 40, math.ceil(4 * SMS / 8)):
         count = 8 * n_tiles
         takes_wide = math.ceil(count / wide_ctas) <= math.ceil(count / dp_ctas)
         config, _ = pick(driver, 1024, 512, 128 * n_tiles)
-        assert config == ("128x128_2x2_pp" if takes_wide else "128x128_1x2_pp"), (count, config)
+        if one_wave_tiles_take(1024, 128 * n_tiles):  # fewer rounds of 128x144 tiles (below)
+            assert config == "128x144_2x1_coop", (count, config)
+        else:
+            assert config == ("128x128_2x2_pp" if takes_wide else "128x128_1x2_pp"), (count, config)
+    assert not one_wave_tiles_take(1024, 128 * 40) and pick(driver, 1024, 512, 128 * 40)[0] == "128x128_2x2_pp"
 
 
 WIDE = "128x256_2x1_coop"

@@ -78,6 +78,18 @@ constexpr int64_t kAuxCooperativeMaxK = 1024;
 constexpr int64_t kAuxCooperativeMinN = 256;
 // Shortest K for which a stream-K decomposition of a partial second wave is chosen (select_kernel).
 constexpr int64_t kStreamKMinK = 8192;
+// Between half a wave and two waves of 128x128 tiles, the cooperative 128x128 tile is preferred
+// over at least this K (or with the aux output); over a shorter K the ping-pong tile, whose
+// second math warpgroup runs its tile while the first one's epilogue stores. Measured on an H200
+// (bf16 bias+ReLU, CUDA-graph replays, bench/NOTES.md section 53), ping-pong over cooperative:
+// K = 1024 1.07-1.08x (1024 x 1024 -> 4096, 2048 x 1024 -> 2048), K = 1536-2048 1.00-1.05x,
+// K = 3072 0.98-1.03x; at K = 4096 cooperative 1.05-1.11x (512 and 1024 x 4096 -> 4096).
+constexpr int64_t kMidCooperativeMinK = 4096;
+// From two waves of the preferred tiles, the 128x144 tiles where their rounds over the SMs times
+// their area are at most this percentage of the preferred tile's. Per round and area they ran
+// 1.03-1.15x slower than the 128x128 ping-pong tiles on an H200 (section 53): at 85% they won
+// (3072 x 3072 -> 1536 0.86x the time, 4608 x 4096 -> 1536 0.93x), at 90% they tied.
+constexpr int64_t kOneWaveMaxAreaPct = 85;
 // 16-bit products over at least this K, with M and N at least kWideMinMN and at least 1.5 rounds of
 // 128x256 tiles over the SMs, take the cooperative 128x256 tile where its rounds, weighted by its
 // tile area and discounted by kWideGainPct, do not exceed the preferred tile's (select_kernel).
@@ -427,6 +439,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // A third: tiles of the same height but a width that is not a multiple of 64 (128x144), built to
   // make one full wave where the others leave a second one mostly empty (1536^3 on 132 SMs: 132
   // tiles against 144 of 128x128 and 288 of 64x128), taken on the same test after the others.
+  // The cooperative tile is the base only over a long K (kMidCooperativeMinK) or with the aux
+  // output; otherwise the preferred ping-pong tile, not its 2x2-cluster twin (1.24x slower at
+  // 1024 x 1024 -> 4096).
   if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin) {
     const GemmKernelEntry* coop = nullptr;
     const GemmKernelEntry* narrow = nullptr;
@@ -447,10 +462,24 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
         const int64_t tiles = output_tiles(e, M, N, L);
         return double(tiles) / double((tiles + sms - 1) / sms * sms);
       };
-      const GemmKernelEntry* pick = coop != nullptr ? coop : best_dp;
+      const bool take_coop = coop != nullptr && (K >= kMidCooperativeMinK || best_dp->aux);
+      const GemmKernelEntry* pick = take_coop ? coop : best_dp;
       if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;
       if (one_wave != nullptr && last_wave_fill(*one_wave) > last_wave_fill(*pick) + 0.1) pick = one_wave;
-      if (pick != best_dp) return pick;  // else the rule below (data-parallel from one wave)
+      if (pick != best_dp || coop != nullptr) return pick;  // else the rule below (data-parallel from one wave)
+    }
+  }
+  // From two waves on, the 128x144 tiles where their rounds, weighted by their area, undercut the
+  // preferred tile's by kOneWaveMaxAreaPct: 3072 x 3072 -> 1536 takes 2 rounds of them (264 tiles)
+  // against 3 of 128x128 ones (288).
+  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin && dp_tiles >= 2 * int64_t(sms)) {
+    for (const GemmKernelEntry* e : cutlass) {
+      if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m) continue;
+      const int64_t tiles = output_tiles(*e, M, N, L);
+      const int64_t rounds = (tiles + sms - 1) / sms, dp_rounds = (dp_tiles + sms - 1) / sms;
+      if (rounds * e->tile_m * e->tile_n * 100 <= dp_rounds * best_dp->tile_m * best_dp->tile_n * kOneWaveMaxAreaPct) {
+        return e;
+      }
     }
   }
   if (tf32 && best_dp != nullptr && !only_transposed && M > kTransposedMaxM) {

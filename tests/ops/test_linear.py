@@ -908,15 +908,17 @@ def test_small_m_forward_backward(dtype_name, m):
 
 
 # ------------------------------------------------------------------------------------------------
-# Between half a wave and two waves of 128x128 tiles the forward takes the cooperative 128x128
-# tiles, the transposed 64x128 tiles or the 128x144 tiles, whichever leaves its last wave fuller
-# (by more than a tenth of a wave, in that order of preference).
+# Between half a wave and two waves of 128x128 tiles the forward takes the 128x128 tiles
+# (cooperative from K = 4096, ping-pong below), the transposed 64x128 tiles or the 128x144 tiles,
+# whichever leaves its last wave fuller (by more than a tenth of a wave, in that order of
+# preference).
 
 
 @requires_cuda
-@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536)])
-def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
-    name = heuristic_kernel(m, 264, n)
+@pytest.mark.parametrize("k", [264, 4096])
+@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (2048, 2048)])
+def test_mid_m_forward_takes_the_fuller_last_wave(m, k, n):
+    name = heuristic_kernel(m, k, n)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     square = math.ceil(m / 128) * math.ceil(n / 128)
     if not (2 * square >= sms and square < 2 * sms):
@@ -927,11 +929,28 @@ def test_mid_m_forward_takes_the_fuller_last_wave(m, n):
                         ("one_wave", math.ceil(m / 128) * math.ceil(n / 144))):
         if fill(tiles) > best + 0.1:
             expected, best = kind, fill(tiles)
-    if expected == "narrow":
+    if expected == "narrow" or (expected == "square" and k < 4096):
         assert "Pingpong" in name, name
     else:
         assert "Cooperative" in name and "StreamK" not in name, name
         assert ("ILi144E" in name or "C<144>" in name) == (expected == "one_wave"), name
+
+
+# From two waves of 128x128 tiles, the 128x144 tiles where their rounds over the SMs, weighted by
+# their area, are at most 85% of the 128x128 tiles'.
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,n", [(3072, 1536), (4608, 1536), (3072, 3072), (4096, 3072)])
+def test_from_two_waves_the_144_wide_tiles_where_they_need_fewer_rounds(m, n):
+    name = heuristic_kernel(m, 512, n)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    square = math.ceil(m / 128) * math.ceil(n / 128)
+    if square < 2 * sms:
+        pytest.skip(f"{square} tiles of 128x128 are under two waves on {sms} SMs")
+    rounds = lambda tiles: math.ceil(tiles / sms)  # noqa: E731
+    takes = rounds(math.ceil(m / 128) * math.ceil(n / 144)) * 144 * 100 <= rounds(square) * 128 * 85
+    assert ("ILi144E" in name or "C<144>" in name) == takes, name
 
 
 # Few columns over many rows with a short K (narrow MLP layers): the transposed product, in the
