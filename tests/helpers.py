@@ -132,13 +132,17 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     return max(filling) if filling else min(widths)
 
 
-def wide_tile(m: int, k: int, n: int, sms: int) -> bool:
+def wide_tile(m: int, k: int, n: int, sms: int, extk: bool = False) -> bool:
     """Whether the GEMM heuristic (csrc/bindings/gemm_select.cpp) runs a 16-bit m x k -> n product
-    (not an aux forward of a mid-size M, no batch) on the cooperative 128x256 tile: K >= 4096,
-    M, N >= 2048, at least 1.5 rounds of its tiles over ``sms`` SMs, and its rounds, worth twice as
-    many of 128x128 tiles, at most 1.07x the 128x128 tiles' rounds."""
+    (no batch) on the cooperative 128x256 tile: K >= 4096, and either M, N >= 2048, at least 1.5
+    rounds of its tiles over ``sms`` SMs, and its rounds, worth twice as many of 128x128 tiles, at
+    most 1.07x the 128x128 tiles' rounds; or, more than 256 rows and between half a wave and two
+    of 128x128 tiles, one round of wide tiles over at least 90% of the SMs (not for LoRA's
+    extended-K products, ``extk``, which keep to the first rule)."""
     n_padded = math.ceil(n / 8) * 8
     wide, narrow = math.ceil(m / 128) * math.ceil(n_padded / 256), math.ceil(m / 128) * math.ceil(n_padded / 128)
+    if not extk and k >= 4096 and m > 256 and sms <= 2 * narrow < 4 * sms and 10 * wide >= 9 * sms and wide <= sms:
+        return True
     return (k >= 4096 and min(m, n) >= 2048 and 2 * wide >= 3 * sms
             and 2 * math.ceil(wide / sms) * 100 <= 107 * math.ceil(narrow / sms))
 

@@ -149,7 +149,11 @@ def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, k, n):
     square = tiles(m, n, 128, 128)
     assert 2 * square >= SMS and square < 2 * SMS
     fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
-    # The cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2 clusters) below.
+    # One round of 128x256 tiles over at least 90% of the SMs from K = 4096 (wide_tile); else the
+    # cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2 clusters) below.
+    if wide_tile(m, k, n, SMS):
+        assert 10 * tiles(m, n, 128, 256) >= 9 * SMS and config == WIDE, config
+        return
     expected, best = "128x128_2x1_coop" if k >= 4096 else "128x128_1x2_pp", fill(square)
     for name, count in (("t64x128_pp", tiles(n, m, 64, 128)), ("128x144_2x1_coop", tiles(m, n, 128, 144))):
         if fill(count) > best + 0.1:
@@ -226,18 +230,19 @@ def test_several_rounds_over_a_long_k_take_the_wide_cooperative_tile(driver, m, 
     # 128x128 tiles: the cooperative 128x256 tile (bench/NOTES.md sections 45-46); elsewhere the
     # 128x128 tiles. 2048 x 4096 -> 11008 needs 6 rounds of wide tiles against 11 of 128x128 ones;
     # 3200 rows 4 against 7 (stays); 2048 x 4096 -> 4096 2 against 4 (takes it); 2048 x 4096 -> 2048
-    # is one round of wide tiles (stays).
+    # is one round of wide tiles over 97% of the SMs (takes it by the mid-M rule, but not with
+    # LoRA's second operand pair).
     wide = wide_tile(m, k, n, SMS)
     assert wide == ((m, k, n) not in [(2048, 4096, 11008), (4096, 2048, 4096), (65536, 4096, 256),
-                                      (1024, 8192, 8192), (3200, 4096, 4096), (2048, 4096, 2048),
-                                      (1536, 4096, 4096)])
+                                      (1024, 8192, 8192), (3200, 4096, 4096), (1536, 4096, 4096)])
     config, _ = pick(driver, m, k, n, aux=aux, dtype=dtype)
     assert (config == WIDE) == wide, (config, tiles(m, n, 128, 256) / SMS)
     if not wide:
         assert config.startswith("128x128_"), config
     # LoRA's extended-K products take the wide tile by the same rule (it has extended-K twins),
     # else the preferred data-parallel tile, never the other rules' configs.
-    assert pick(driver, m, k, n, extk=True, aux=aux, dtype=dtype)[0] == (WIDE if wide else "128x128_1x2_pp")
+    extk_wide = wide_tile(m, k, n, SMS, extk=True)
+    assert pick(driver, m, k, n, extk=True, aux=aux, dtype=dtype)[0] == (WIDE if extk_wide else "128x128_1x2_pp")
 
 
 def test_hopper_config_names_carry_their_cluster_shape():

@@ -462,6 +462,22 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
         const int64_t tiles = output_tiles(e, M, N, L);
         return double(tiles) / double((tiles + sms - 1) / sms * sms);
       };
+      // Over a long K, one round of the wide 128x256 tiles that fills at least 90% of the SMs:
+      // half the tiles of 128x128, each reading its A rows once for 256 columns. Measured on an
+      // H200 (bench/NOTES.md section 53, 128 wide tiles on 132 SMs): 1024 x 11008 -> 4096 and
+      // 1024 x 8192 -> 4096 0.96x the cooperative 128x128 tile's time, 2048 x 4096 -> 2048 0.96x,
+      // 1024 x 4096 -> 4096 0.98x; at 96 tiles (768 x 4096 -> 4096) it lost to the 64x128 tiles.
+      if (!tf32 && K >= kMidCooperativeMinK) {
+        for (const GemmKernelEntry* e : cutlass) {
+          if (e->transposed || e->stream_k || is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m ||
+              e->tile_n != 2 * best_dp->tile_n) {
+            continue;
+          }
+          const int64_t tiles = output_tiles(*e, M, N, L);
+          if (tiles <= sms && 10 * tiles >= 9 * int64_t(sms)) return e;
+          break;
+        }
+      }
       const bool take_coop = coop != nullptr && (K >= kMidCooperativeMinK || best_dp->aux);
       const GemmKernelEntry* pick = take_coop ? coop : best_dp;
       if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;

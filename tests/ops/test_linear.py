@@ -923,6 +923,12 @@ def test_mid_m_forward_takes_the_fuller_last_wave(m, k, n):
     square = math.ceil(m / 128) * math.ceil(n / 128)
     if not (2 * square >= sms and square < 2 * sms):
         pytest.skip(f"{square} tiles of 128x128 are outside (half a wave, two waves) on {sms} SMs")
+    if wide_tile(m, k, n, sms):  # one round of 128x256 tiles over at least 90% of the SMs
+        A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+        W = rand(n, k, device="cuda", dtype=torch.bfloat16)
+        _, forced = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True, config="128x256_2x1_coop"))
+        assert name == forced[0], name
+        return
     fill = lambda tiles: tiles / (math.ceil(tiles / sms) * sms)  # noqa: E731
     expected, best = "square", fill(square)
     for kind, tiles in (("narrow", math.ceil(m / 128) * math.ceil(n / 64)),

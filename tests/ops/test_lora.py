@@ -1003,7 +1003,7 @@ def test_rank_r_term_inside_the_wide_tile(dtype_name, act):
         pytest.skip("the 16-bit 128x256 extended-K kernels are not in this (selective) build")
     rows, in_f, out_f = WIDE_EXTK_SHAPE
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if not (wide_tile(rows, in_f, out_f, sms) and wide_tile(rows, out_f, in_f, sms)):
+    if not (wide_tile(rows, in_f, out_f, sms, extk=True) and wide_tile(rows, out_f, in_f, sms, extk=True)):
         pytest.skip("the frozen layer's products do not take 128x256 tiles on this GPU's SMs")
     inputs, grad_out = layer_case(WIDE_EXTK_SHAPE, 16, DTYPES[dtype_name])
 
