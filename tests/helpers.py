@@ -141,7 +141,7 @@ def wide_tile(m: int, k: int, n: int, sms: int, extk: bool = False) -> bool:
     extended-K products, ``extk``, which keep to the first rule)."""
     n_padded = math.ceil(n / 8) * 8
     wide, narrow = math.ceil(m / 128) * math.ceil(n_padded / 256), math.ceil(m / 128) * math.ceil(n_padded / 128)
-    if not extk and k >= 4096 and m > 256 and sms <= 2 * narrow < 4 * sms and 10 * wide >= 9 * sms and wide <= sms:
+    if not extk and k >= 4096 and m > 256 and sms <= 2 * narrow < 4 * sms and 10 * wide >= 7 * sms and wide <= sms:
         return True
     return (k >= 4096 and min(m, n) >= 2048 and 2 * wide >= 3 * sms
             and 2 * math.ceil(wide / sms) * 100 <= 107 * math.ceil(narrow / sms))

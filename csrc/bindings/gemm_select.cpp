@@ -474,7 +474,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
             continue;
           }
           const int64_t tiles = output_tiles(*e, M, N, L);
-          if (tiles <= sms && 10 * tiles >= 9 * int64_t(sms)) return e;
+          if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms)) return e;
           break;
         }
       }
