@@ -462,11 +462,12 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
         const int64_t tiles = output_tiles(e, M, N, L);
         return double(tiles) / double((tiles + sms - 1) / sms * sms);
       };
-      // Over a long K, one round of the wide 128x256 tiles that fills at least 90% of the SMs:
+      // Over a long K, one round of the wide 128x256 tiles that covers at least 70% of the SMs:
       // half the tiles of 128x128, each reading its A rows once for 256 columns. Measured on an
-      // H200 (bench/NOTES.md section 53, 128 wide tiles on 132 SMs): 1024 x 11008 -> 4096 and
-      // 1024 x 8192 -> 4096 0.96x the cooperative 128x128 tile's time, 2048 x 4096 -> 2048 0.96x,
-      // 1024 x 4096 -> 4096 0.98x; at 96 tiles (768 x 4096 -> 4096) it lost to the 64x128 tiles.
+      // H200 (bench/NOTES.md section 53): with 128 wide tiles on 132 SMs, 1024 x 11008 -> 4096 and
+      // 1024 x 8192 -> 4096 0.96x the cooperative 128x128 tile's time, 2048 x 4096 -> 2048 0.94x,
+      // 1024 x 4096 -> 4096 0.97x; with 96, 1024 x 4096 -> 3072 0.80x the 64x128 tiles' time and
+      // 768 x 4096 -> 4096 0.95-1.02x.
       if (!tf32 && K >= kMidCooperativeMinK) {
         for (const GemmKernelEntry* e : cutlass) {
           if (e->transposed || e->stream_k || is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m ||
