@@ -137,7 +137,7 @@ def wide_tile(m: int, k: int, n: int, sms: int, extk: bool = False) -> bool:
     (no batch) on the cooperative 128x256 tile: K >= 4096, and either M, N >= 2048, at least 1.5
     rounds of its tiles over ``sms`` SMs, and its rounds, worth twice as many of 128x128 tiles, at
     most 1.07x the 128x128 tiles' rounds; or, more than 256 rows and between half a wave and two
-    of 128x128 tiles, one round of wide tiles over at least 90% of the SMs (not for LoRA's
+    of 128x128 tiles, one round of wide tiles over at least 70% of the SMs (not for LoRA's
     extended-K products, ``extk``, which keep to the first rule)."""
     n_padded = math.ceil(n / 8) * 8
     wide, narrow = math.ceil(m / 128) * math.ceil(n_padded / 256), math.ceil(m / 128) * math.ceil(n_padded / 128)

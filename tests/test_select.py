@@ -149,7 +149,7 @@ def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, k, n):
     square = tiles(m, n, 128, 128)
     assert 2 * square >= SMS and square < 2 * SMS
     fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
-    # One round of 128x256 tiles over at least 90% of the SMs from K = 4096 (wide_tile); else the
+    # One round of 128x256 tiles over at least 70% of the SMs from K = 4096 (wide_tile); else the
     # cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2 clusters) below.
     if wide_tile(m, k, n, SMS):
         assert 10 * tiles(m, n, 128, 256) >= 7 * SMS and config == WIDE, config
