@@ -446,10 +446,15 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry* coop = nullptr;
     const GemmKernelEntry* narrow = nullptr;
     const GemmKernelEntry* one_wave = nullptr;
+    const GemmKernelEntry* wide = nullptr;  // the preferred tile's height, twice its width
     for (const GemmKernelEntry* e : cutlass) {
       if (!e->transposed && !e->stream_k && e != best_dp && e->tile_m == best_dp->tile_m &&
           e->tile_n == best_dp->tile_n && coop == nullptr) {
         coop = e;
+      }
+      if (!e->transposed && !e->stream_k && !is_one_wave_tile(*e) && e->tile_m == best_dp->tile_m &&
+          e->tile_n == 2 * best_dp->tile_n && wide == nullptr) {
+        wide = e;
       }
       if (is_one_wave_tile(*e) && e->tile_m == best_dp->tile_m && one_wave == nullptr) one_wave = e;
       // Not for TF32: its 64x128 tiles ran 1.2-1.5x slower than the 128x128 stream-K tiles there
@@ -468,16 +473,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       // 1024 x 8192 -> 4096 0.96x the cooperative 128x128 tile's time, 2048 x 4096 -> 2048 0.94x,
       // 1024 x 4096 -> 4096 0.97x; with 96, 1024 x 4096 -> 3072 0.80x the 64x128 tiles' time and
       // 768 x 4096 -> 4096 0.95-1.02x.
-      if (!tf32 && K >= kMidCooperativeMinK) {
-        for (const GemmKernelEntry* e : cutlass) {
-          if (e->transposed || e->stream_k || is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m ||
-              e->tile_n != 2 * best_dp->tile_n) {
-            continue;
-          }
-          const int64_t tiles = output_tiles(*e, M, N, L);
-          if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms)) return e;
-          break;
-        }
+      if (!tf32 && K >= kMidCooperativeMinK && wide != nullptr) {
+        const int64_t tiles = output_tiles(*wide, M, N, L);
+        if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms)) return wide;
       }
       const bool take_coop = coop != nullptr && (K >= kMidCooperativeMinK || best_dp->aux);
       const GemmKernelEntry* pick = take_coop ? coop : best_dp;
