@@ -147,6 +147,15 @@ def wide_tile(m: int, k: int, n: int, sms: int, extk: bool = False) -> bool:
             and 2 * math.ceil(wide / sms) * 100 <= 107 * math.ceil(narrow / sms))
 
 
+def one_wave_tiles_take(m: int, n: int, sms: int) -> bool:
+    """Whether the GEMM heuristic (csrc/bindings/gemm_select.cpp) takes the 128x144 tiles for an
+    m x k -> n product from two waves of 128x128 tiles on ``sms`` SMs: their rounds times their
+    area at most 85% of the 128x128 tiles'."""
+    rounds = lambda tiles: math.ceil(tiles / sms)  # noqa: E731
+    square = math.ceil(m / 128) * math.ceil(n / 128)
+    return rounds(math.ceil(m / 128) * math.ceil(n / 144)) * 144 * 100 <= rounds(square) * 128 * 85
+
+
 def aux_cooperative(m: int, k: int, n: int, sms: int) -> bool:
     """Whether the GEMM heuristic (csrc/bindings/gemm_select.cpp) runs a bf16 m x k -> n training
     forward of a GELU/SiLU layer (the aux epilogue) on the cooperative 128x128 tile: more than 256

@@ -14,7 +14,7 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
-from .helpers import ROOT, aux_cooperative, compile_host_program, narrow_n_tile, wide_tile
+from .helpers import ROOT, aux_cooperative, compile_host_program, narrow_n_tile, one_wave_tiles_take, wide_tile
 
 SMS = 132  # an H100 SXM / H200
 # Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
@@ -171,11 +171,6 @@ def test_one_wave_tiles_only_by_their_waves(driver):
     assert pick(driver, 8192, 8192, 8192)[0] == "128x256_2x1_coop"
 
 
-def one_wave_tiles_take(m, n):
-    rounds = lambda count: math.ceil(count / SMS)  # noqa: E731
-    return rounds(tiles(m, n, 128, 144)) * 144 * 100 <= rounds(tiles(m, n, 128, 128)) * 128 * 85
-
-
 @pytest.mark.parametrize("m,k,n", [(3072, 3072, 1536), (4608, 4096, 1536), (3072, 3072, 3072), (6144, 4096, 1536),
                                    (4096, 2048, 3072), (8192, 4096, 1536), (2048, 4096, 11008), (4096, 4096, 4096)])
 def test_from_two_waves_one_wave_tiles_where_their_rounds_cost_less(driver, m, k, n):
@@ -183,7 +178,7 @@ def test_from_two_waves_one_wave_tiles_where_their_rounds_cost_less(driver, m, k
     area are at most 85% of the 128x128 tiles': 3072 x 3072 -> 1536 is 264 tiles (2 rounds)
     against 288 (3 rounds)."""
     assert tiles(m, n, 128, 128) >= 2 * SMS
-    takes = one_wave_tiles_take(m, n)
+    takes = one_wave_tiles_take(m, n, SMS)
     assert takes == ((m, k, n) in [(3072, 3072, 1536), (4608, 4096, 1536)])
     config, _ = pick(driver, m, k, n)
     assert (config == "128x144_2x1_coop") == takes, config
@@ -207,11 +202,11 @@ def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds(driver):
         count = 8 * n_tiles
         takes_wide = math.ceil(count / wide_ctas) <= math.ceil(count / dp_ctas)
         config, _ = pick(driver, 1024, 512, 128 * n_tiles)
-        if one_wave_tiles_take(1024, 128 * n_tiles):  # fewer rounds of 128x144 tiles (below)
+        if one_wave_tiles_take(1024, 128 * n_tiles, SMS):  # fewer rounds of 128x144 tiles (below)
             assert config == "128x144_2x1_coop", (count, config)
         else:
             assert config == ("128x128_2x2_pp" if takes_wide else "128x128_1x2_pp"), (count, config)
-    assert not one_wave_tiles_take(1024, 128 * 40) and pick(driver, 1024, 512, 128 * 40)[0] == "128x128_2x2_pp"
+    assert not one_wave_tiles_take(1024, 128 * 40, SMS) and pick(driver, 1024, 512, 128 * 40)[0] == "128x128_2x2_pp"
 
 
 WIDE = "128x256_2x1_coop"

@@ -18,7 +18,7 @@ from cutlass_ext.ops import linear as linear_ops
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
                        cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_n_tile,
-                       unit_in_last_place, wide_tile)
+                       one_wave_tiles_take, unit_in_last_place, wide_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -955,12 +955,6 @@ def test_from_two_waves_the_144_wide_tiles_where_they_need_fewer_rounds(m, n):
     if square < 2 * sms:
         pytest.skip(f"{square} tiles of 128x128 are under two waves on {sms} SMs")
     assert is_144_wide(name) == one_wave_tiles_take(m, n, sms), name
-
-
-def one_wave_tiles_take(m, n, sms):
-    rounds = lambda tiles: math.ceil(tiles / sms)  # noqa: E731
-    square = math.ceil(m / 128) * math.ceil(n / 128)
-    return rounds(math.ceil(m / 128) * math.ceil(n / 144)) * 144 * 100 <= rounds(square) * 128 * 85
 
 
 def is_144_wide(name):
