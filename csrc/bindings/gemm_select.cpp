@@ -471,14 +471,15 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       // 1024 x 8192 -> 4096 0.96x the cooperative 128x128 tile's time, 2048 x 4096 -> 2048 0.94x,
       // 1024 x 4096 -> 4096 0.97x; with 96, 1024 x 4096 -> 3072 0.80x the 64x128 tiles' time and
       // 768 x 4096 -> 4096 0.95-1.02x.
-      // The 128x192 tiles instead where one round of them fills more SMs (1024 x 4096 -> 3072:
-      // 128 of them against 96 of 128x256).
-      if (!tf32 && K >= kMidCooperativeMinK) {
+      // The 128x192 or 128x144 tiles instead where one round of them fills more SMs (1024 x 4096
+      // -> 3072: 128 of 192 against 96 of 256; 1536 x 4096 -> 1536: 132 of 144). Only where the
+      // 128x128 tiles need more than one round: one round of them is fuller than any wider one.
+      if (!tf32 && K >= kMidCooperativeMinK && dp_tiles > sms) {
         const GemmKernelEntry* round = nullptr;
         int64_t round_tiles = 0;
         for (const GemmKernelEntry* e : cutlass) {
           if (e->transposed || e->stream_k || e->tile_m != best_dp->tile_m ||
-              (e->tile_n != 2 * best_dp->tile_n && e->tile_n != 192)) {
+              (e->tile_n != 2 * best_dp->tile_n && !is_one_wave_tile(*e))) {
             continue;
           }
           const int64_t tiles = output_tiles(*e, M, N, L);
