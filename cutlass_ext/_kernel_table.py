@@ -106,10 +106,18 @@ MID_CONFIGS = (
 # pairs the 12 row tiles (a 1x2 pair of 11 column tiles would need a second round of clusters).
 # Its MMA is CUTLASS's 64x144 shape, one of the extended shapes its header enables on request
 # (unit_source), with 48-wide epilogue subtiles (csrc/gemm/sm90_gemm.cuh).
+# Tiles 192 wide make one round of the products that 128x256 tiles fill only three quarters of
+# (96 tiles on 132 SMs): 1024 x 4096 -> 3072 is 8 x 16 of them, 768 x 4096 -> 4096 and 1536 x 4096
+# -> 2048 6 x 22 and 12 x 11. There the 128x256 tiles ran at 0.80x cuBLASLt, whose kernels fill a
+# round (bench/NOTES.md section 53).
 ONE_WAVE_CONFIGS = (
     GemmConfig(
         "128x144_2x1_coop", 128, 144, 2, 1, "Cooperative", "PersistentScheduler",
         use="between one and two waves of 128x128 tiles, where 144-wide tiles fill one wave better",
+    ),
+    GemmConfig(
+        "128x192_2x1_coop", 128, 192, 2, 1, "Cooperative", "PersistentScheduler",
+        use="between half a wave and two of 128x128 tiles, where one round of 192-wide tiles fills the SMs",
     ),
 )
 

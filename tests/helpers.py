@@ -141,7 +141,7 @@ def wide_tile(m: int, k: int, n: int, sms: int, extk: bool = False) -> bool:
     extended-K products, ``extk``, which keep to the first rule)."""
     n_padded = math.ceil(n / 8) * 8
     wide, narrow = math.ceil(m / 128) * math.ceil(n_padded / 256), math.ceil(m / 128) * math.ceil(n_padded / 128)
-    if not extk and k >= 4096 and m > 256 and sms <= 2 * narrow < 4 * sms and 10 * wide >= 7 * sms and wide <= sms:
+    if not extk and one_round_tile_n(m, k, n, sms) == 256:
         return True
     return (k >= 4096 and min(m, n) >= 2048 and 2 * wide >= 3 * sms
             and 2 * math.ceil(wide / sms) * 100 <= 107 * math.ceil(narrow / sms))
@@ -154,6 +154,25 @@ def one_wave_tiles_take(m: int, n: int, sms: int) -> bool:
     rounds = lambda tiles: math.ceil(tiles / sms)  # noqa: E731
     square = math.ceil(m / 128) * math.ceil(n / 128)
     return rounds(math.ceil(m / 128) * math.ceil(n / 144)) * 144 * 100 <= rounds(square) * 128 * 85
+
+
+def one_round_tile_n(m: int, k: int, n: int, sms: int) -> int | None:
+    """The width of the 128-row tile that the GEMM heuristic's mid-M rule takes for one round of
+    a 16-bit m x k -> n product (no batch, no LoRA pair): from K = 4096, with more than 256 rows and
+    between one wave and two of 128x128 tiles, of the 128x144, 128x192 and 128x256 tiles that make
+    one round over at least 70% of ``sms`` SMs the one with more tiles (on a tie the wider); else
+    None.
+    (A stream-K split of a long K's last wave comes first; not modelled here.)"""
+    n_padded = math.ceil(n / 8) * 8
+    square = math.ceil(m / 128) * math.ceil(n_padded / 128)
+    if k < 4096 or m <= 256 or not sms < square < 2 * sms:
+        return None
+    best, best_tiles = None, 0
+    for width in (256, 192, 144):
+        count = math.ceil(m / 128) * math.ceil(n_padded / width)
+        if count <= sms and 10 * count >= 7 * sms and count > best_tiles:
+            best, best_tiles = width, count
+    return best
 
 
 def aux_cooperative(m: int, k: int, n: int, sms: int) -> bool:

@@ -14,7 +14,8 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
-from .helpers import ROOT, aux_cooperative, compile_host_program, narrow_n_tile, one_wave_tiles_take, wide_tile
+from .helpers import (ROOT, aux_cooperative, compile_host_program, narrow_n_tile, one_round_tile_n,
+                      one_wave_tiles_take, wide_tile)
 
 SMS = 132  # an H100 SXM / H200
 # Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
@@ -143,22 +144,36 @@ def test_short_k_takes_the_hand_written_kernel(driver):
 
 @pytest.mark.parametrize("k", [264, 2048, 3072, 4096])
 @pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (1024, 2304),
-                                 (2048, 2048)])
+                                 (2048, 2048), (1024, 3072), (1536, 2048)])
 def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, k, n):
     config, _ = pick(driver, m, k, n)
     square = tiles(m, n, 128, 128)
     assert 2 * square >= SMS and square < 2 * SMS
     fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
-    # One round of 128x256 tiles over at least 70% of the SMs from K = 4096 (wide_tile); else the
-    # cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2 clusters) below.
-    if wide_tile(m, k, n, SMS):
-        assert 10 * tiles(m, n, 128, 256) >= 7 * SMS and config == WIDE, config
+    # From K = 4096 one round of 128x192 or 128x256 tiles over at least 70% of the SMs (the one of
+    # more tiles); else the cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2
+    # clusters) below, unless the 64x128 transposed tiles or the 144- or 192-wide ones (the one of
+    # fuller last wave) fill their last wave better by more than a tenth.
+    width = one_round_tile_n(m, k, n, SMS)
+    if width is not None:
+        assert 10 * tiles(m, n, 128, width) >= 7 * SMS and config == f"128x{width}_2x1_coop", config
+        assert wide_tile(m, k, n, SMS) == (width == 256)
         return
     expected, best = "128x128_2x1_coop" if k >= 4096 else "128x128_1x2_pp", fill(square)
-    for name, count in (("t64x128_pp", tiles(n, m, 64, 128)), ("128x144_2x1_coop", tiles(m, n, 128, 144))):
+    between = max((("128x144_2x1_coop", tiles(m, n, 128, 144)), ("128x192_2x1_coop", tiles(m, n, 128, 192))),
+                  key=lambda named: fill(named[1]))
+    for name, count in (("t64x128_pp", tiles(n, m, 64, 128)), between):
         if fill(count) > best + 0.1:
             expected, best = name, fill(count)
     assert config == expected, config
+
+
+def test_one_round_of_192_wide_tiles_where_256_wide_ones_leave_a_quarter_idle(driver):
+    for m, n in ((1024, 3072), (768, 4096), (1536, 2048)):
+        assert tiles(m, n, 128, 256) == 96 and tiles(m, n, 128, 192) in (128, SMS)
+        assert pick(driver, m, 4096, n)[0] == "128x192_2x1_coop"
+    assert pick(driver, 1024, 4096, 4096)[0] == WIDE  # 128 wide tiles; 176 of 192-wide ones
+    assert pick(driver, 1024, 4096, 3072, extk=True)[0] == "128x128_1x2_pp"  # LoRA's pair: the preferred tile
 
 
 def test_one_wave_tiles_only_by_their_waves(driver):

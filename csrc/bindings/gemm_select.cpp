@@ -128,10 +128,10 @@ bool one_column_tile_under_cluster(const GemmKernelEntry& e, int64_t N) {
   return N <= (e.transposed ? e.tile_m : e.tile_n) && cluster_along_n(e) > 1;
 }
 
-// The data-parallel tiles whose width is not a multiple of 64 (128x144): built for the products
-// whose tiles they fit into one wave, and taken only by the rule that compares waves.
+// The data-parallel tiles between 128 and 256 wide (128x144, 128x192): built for the products
+// whose tiles they fit into whole rounds, and taken only by the rules that compare rounds.
 bool is_one_wave_tile(const GemmKernelEntry& e) {
-  return !e.transposed && !e.stream_k && e.tile_n > 128 && e.tile_n % 64 != 0;
+  return !e.transposed && !e.stream_k && e.tile_n > 128 && e.tile_n < 256;
 }
 
 }  // namespace
@@ -443,39 +443,53 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // output; otherwise the preferred ping-pong tile, not its 2x2-cluster twin (1.24x slower at
   // 1024 x 1024 -> 4096).
   if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin) {
+    auto last_wave_fill = [&](const GemmKernelEntry& e) {
+      const int64_t tiles = output_tiles(e, M, N, L);
+      return double(tiles) / double((tiles + sms - 1) / sms * sms);
+    };
     const GemmKernelEntry* coop = nullptr;
     const GemmKernelEntry* narrow = nullptr;
-    const GemmKernelEntry* one_wave = nullptr;
-    const GemmKernelEntry* wide = nullptr;  // the preferred tile's height, twice its width
+    const GemmKernelEntry* one_wave = nullptr;  // the one of fullest last wave
     for (const GemmKernelEntry* e : cutlass) {
       if (!e->transposed && !e->stream_k && e != best_dp && e->tile_m == best_dp->tile_m &&
           e->tile_n == best_dp->tile_n && coop == nullptr) {
         coop = e;
       }
-      if (!e->transposed && !e->stream_k && !is_one_wave_tile(*e) && e->tile_m == best_dp->tile_m &&
-          e->tile_n == 2 * best_dp->tile_n && wide == nullptr) {
-        wide = e;
+      if (is_one_wave_tile(*e) && e->tile_m == best_dp->tile_m &&
+          (one_wave == nullptr || last_wave_fill(*e) > last_wave_fill(*one_wave))) {
+        one_wave = e;
       }
-      if (is_one_wave_tile(*e) && e->tile_m == best_dp->tile_m && one_wave == nullptr) one_wave = e;
       // Not for TF32: its 64x128 tiles ran 1.2-1.5x slower than the 128x128 stream-K tiles there
       // (512 x 4096 -> 11008: 217.0 against 141.2 us; 1536^3: 41.8 against 37.2).
       if (e->transposed && !e->stream_k && e->tile_m == 64 && e->tile_n == 128 && !tf32) narrow = e;
     }
     if ((coop != nullptr || narrow != nullptr || one_wave != nullptr) && 2 * dp_tiles >= sms &&
         dp_tiles < 2 * int64_t(sms)) {
-      auto last_wave_fill = [&](const GemmKernelEntry& e) {
-        const int64_t tiles = output_tiles(e, M, N, L);
-        return double(tiles) / double((tiles + sms - 1) / sms * sms);
-      };
       // Over a long K, one round of the wide 128x256 tiles that covers at least 70% of the SMs:
       // half the tiles of 128x128, each reading its A rows once for 256 columns. Measured on an
       // H200 (bench/NOTES.md section 53): with 128 wide tiles on 132 SMs, 1024 x 11008 -> 4096 and
       // 1024 x 8192 -> 4096 0.96x the cooperative 128x128 tile's time, 2048 x 4096 -> 2048 0.94x,
       // 1024 x 4096 -> 4096 0.97x; with 96, 1024 x 4096 -> 3072 0.80x the 64x128 tiles' time and
       // 768 x 4096 -> 4096 0.95-1.02x.
-      if (!tf32 && K >= kMidCooperativeMinK && wide != nullptr) {
-        const int64_t tiles = output_tiles(*wide, M, N, L);
-        if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms)) return wide;
+      // The 128x192 or 128x144 tiles instead where one round of them fills more SMs (1024 x 4096
+      // -> 3072: 128 of 192 against 96 of 256; 1536 x 4096 -> 1536: 132 of 144). Only where the
+      // 128x128 tiles need more than one round: one round of them is fuller than any wider one.
+      if (!tf32 && K >= kMidCooperativeMinK && dp_tiles > sms) {
+        const GemmKernelEntry* round = nullptr;
+        int64_t round_tiles = 0;
+        for (const GemmKernelEntry* e : cutlass) {
+          if (e->transposed || e->stream_k || e->tile_m != best_dp->tile_m ||
+              (e->tile_n != 2 * best_dp->tile_n && !is_one_wave_tile(*e))) {
+            continue;
+          }
+          const int64_t tiles = output_tiles(*e, M, N, L);
+          if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms) &&
+              (tiles > round_tiles || (tiles == round_tiles && e->tile_n > round->tile_n))) {
+            round = e;
+            round_tiles = tiles;
+          }
+        }
+        if (round != nullptr) return round;
       }
       const bool take_coop = coop != nullptr && (K >= kMidCooperativeMinK || best_dp->aux);
       const GemmKernelEntry* pick = take_coop ? coop : best_dp;
@@ -488,8 +502,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // preferred tile's by kOneWaveMaxAreaPct: 3072 x 3072 -> 1536 takes 2 rounds of them (264 tiles)
   // against 3 of 128x128 ones (288).
   if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin && dp_tiles >= 2 * int64_t(sms)) {
+    // (The 128x144 tiles' rate was measured; the 128x192 ones, built for one round, keep out.)
     for (const GemmKernelEntry* e : cutlass) {
-      if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m) continue;
+      if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m || e->tile_n != 144) continue;
       const int64_t tiles = output_tiles(*e, M, N, L);
       const int64_t rounds = (tiles + sms - 1) / sms, dp_rounds = (dp_tiles + sms - 1) / sms;
       if (rounds * e->tile_m * e->tile_n * 100 <= dp_rounds * best_dp->tile_m * best_dp->tile_n * kOneWaveMaxAreaPct) {

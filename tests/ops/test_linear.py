@@ -18,7 +18,7 @@ from cutlass_ext.ops import linear as linear_ops
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
                        cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_n_tile,
-                       one_wave_tiles_take, unit_in_last_place, wide_tile)
+                       one_round_tile_n, one_wave_tiles_take, unit_in_last_place, wide_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -908,38 +908,42 @@ def test_small_m_forward_backward(dtype_name, m):
 
 
 # ------------------------------------------------------------------------------------------------
-# Between half a wave and two waves of 128x128 tiles the forward takes, from K = 4096, one round
-# of 128x256 tiles where it covers at least 70% of the SMs; else the 128x128 tiles (cooperative
-# from K = 4096, ping-pong below), the transposed 64x128 tiles or the 128x144 tiles, whichever
-# leaves its last wave fuller (by more than a tenth of a wave, in that order of preference).
+# Between half a wave and two waves of 128x128 tiles the forward takes, from K = 4096 and past one
+# round of 128x128 tiles, one round of 128x144, 128x192 or 128x256 tiles (the most tiles) where it
+# covers at least 70% of the SMs; else the 128x128 tiles (cooperative from K = 4096, ping-pong
+# below), the transposed 64x128 tiles or the 128x144 or 128x192 tiles, whichever leaves its last
+# wave fuller (by more than a tenth of a wave, in that order of preference).
 
 
 @requires_cuda
 @pytest.mark.parametrize("k", [264, 4096])
-@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (2048, 2048)])
+@pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (2048, 2048),
+                                 (1024, 3072), (1536, 2048)])
 def test_mid_m_forward_takes_the_fuller_last_wave(m, k, n):
     name = heuristic_kernel(m, k, n)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     square = math.ceil(m / 128) * math.ceil(n / 128)
     if not (2 * square >= sms and square < 2 * sms):
         pytest.skip(f"{square} tiles of 128x128 are outside (half a wave, two waves) on {sms} SMs")
-    if wide_tile(m, k, n, sms):  # one round of 128x256 tiles over at least 70% of the SMs
+    width = one_round_tile_n(m, k, n, sms)
+    if width is not None:  # one round of 128x144, 128x192 or 128x256 tiles over at least 70% of the SMs
         A = rand(m, k, device="cuda", dtype=torch.bfloat16)
         W = rand(n, k, device="cuda", dtype=torch.bfloat16)
-        _, forced = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True, config="128x256_2x1_coop"))
-        assert name == forced[0], name
+        _, forced = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True, config=f"128x{width}_2x1_coop"))
+        assert name == forced[0], (name, width)
         return
     fill = lambda tiles: tiles / (math.ceil(tiles / sms) * sms)  # noqa: E731
     expected, best = "square", fill(square)
-    for kind, tiles in (("narrow", math.ceil(m / 128) * math.ceil(n / 64)),
-                        ("one_wave", math.ceil(m / 128) * math.ceil(n / 144))):
+    # The 144- or 192-wide tiles, whichever fills its last wave better.
+    one_wave = max((math.ceil(m / 128) * math.ceil(n / w) for w in (144, 192)), key=fill)
+    for kind, tiles in (("narrow", math.ceil(m / 128) * math.ceil(n / 64)), ("one_wave", one_wave)):
         if fill(tiles) > best + 0.1:
             expected, best = kind, fill(tiles)
     if expected == "narrow" or (expected == "square" and k < 4096):
         assert "Pingpong" in name, name
     else:
         assert "Cooperative" in name and "StreamK" not in name, name
-        assert is_144_wide(name) == (expected == "one_wave"), name
+        assert (is_144_wide(name) or "C<192>" in name or "ILi192E" in name) == (expected == "one_wave"), name
 
 
 # From two waves of 128x128 tiles, the 128x144 tiles where their rounds over the SMs, weighted by
