@@ -158,17 +158,17 @@ def one_wave_tiles_take(m: int, n: int, sms: int) -> bool:
 
 def one_round_tile_n(m: int, k: int, n: int, sms: int) -> int | None:
     """The width of the 128-row tile that the GEMM heuristic's mid-M rule takes for one round of
-    a 16-bit m x k -> n product (no batch, no LoRA pair): from K = 4096, with more than 256 rows and
-    between one wave and two of 128x128 tiles, of the 128x144, 128x192 and 128x256 tiles that make
-    one round over at least 70% of ``sms`` SMs the one with more tiles (on a tie the wider); else
-    None.
+    a 16-bit m x k -> n product (no batch, no LoRA pair): from K = 1024, with more than 256 rows and
+    between one wave and two of 128x128 tiles, of the 128x144 and 128x192 tiles (and from K = 4096
+    the 128x256 ones) that make one round over at least 70% of ``sms`` SMs the one with more tiles
+    (on a tie the wider); else None.
     (A stream-K split of a long K's last wave comes first; not modelled here.)"""
     n_padded = math.ceil(n / 8) * 8
     square = math.ceil(m / 128) * math.ceil(n_padded / 128)
-    if k < 4096 or m <= 256 or not sms < square < 2 * sms:
+    if k < 1024 or m <= 256 or not sms < square < 2 * sms:
         return None
     best, best_tiles = None, 0
-    for width in (256, 192, 144):
+    for width in (256, 192, 144) if k >= 4096 else (192, 144):
         count = math.ceil(m / 128) * math.ceil(n_padded / width)
         if count <= sms and 10 * count >= 7 * sms and count > best_tiles:
             best, best_tiles = width, count

@@ -150,8 +150,8 @@ def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, k, n):
     square = tiles(m, n, 128, 128)
     assert 2 * square >= SMS and square < 2 * SMS
     fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
-    # From K = 4096 one round of 128x192 or 128x256 tiles over at least 70% of the SMs (the one of
-    # more tiles); else the cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2
+    # From K = 1024 one round of 128x144 or 128x192 tiles (from K = 4096 also 128x256 ones) over at
+    # least 70% of the SMs (the one of more tiles); else the cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2
     # clusters) below, unless the 64x128 transposed tiles or the 144- or 192-wide ones (the one of
     # fuller last wave) fill their last wave better by more than a tenth.
     width = one_round_tile_n(m, k, n, SMS)
@@ -173,6 +173,11 @@ def test_one_round_of_192_wide_tiles_where_256_wide_ones_leave_a_quarter_idle(dr
         assert tiles(m, n, 128, 256) == 96 and tiles(m, n, 128, 192) in (128, SMS)
         assert pick(driver, m, 4096, n)[0] == "128x192_2x1_coop"
     assert pick(driver, 1024, 4096, 4096)[0] == WIDE  # 128 wide tiles; 176 of 192-wide ones
+    # Below K = 4096 the 192-wide tiles still, but not the 256-wide ones; below K = 1024 neither.
+    for m, k, n in ((2048, 2048, 1536), (1536, 1024, 2048), (1536, 3072, 2048)):
+        assert pick(driver, m, k, n)[0] == "128x192_2x1_coop"
+    assert pick(driver, 1024, 2048, 4096)[0] != WIDE
+    assert pick(driver, 2048, 512, 1536)[0] != "128x192_2x1_coop"
     assert pick(driver, 1024, 4096, 3072, extk=True)[0] == "128x128_1x2_pp"  # LoRA's pair: the preferred tile
 
 

@@ -90,6 +90,12 @@ constexpr int64_t kMidCooperativeMinK = 4096;
 // 1.03-1.15x slower than the 128x128 ping-pong tiles on an H200 (section 53): at 85% they won
 // (3072 x 3072 -> 1536 0.86x the time, 4608 x 4096 -> 1536 0.93x), at 90% they tied.
 constexpr int64_t kOneWaveMaxAreaPct = 85;
+// The mid-M rule's one round of 128x144 or 128x192 tiles applies from this K (the shortest
+// measured); the 128x256 tile joins it from kMidCooperativeMinK. Measured on an H200 (section 54),
+// one round of 128x192 tiles over the rule's earlier pick at K = 1024-3072: 0.73-0.87x the time
+// where it took the transposed 64x128 or the ping-pong 128x128 tiles over 1536-2048 rows
+// (2048 x 2048 -> 1536, 1536 x 3072 -> 2048), 0.97-1.02x over 512-1024 rows.
+constexpr int64_t kOneRoundMinK = 1024;
 // 16-bit products over at least this K, with M and N at least kWideMinMN and at least 1.5 rounds of
 // 128x256 tiles over the SMs, take the cooperative 128x256 tile where its rounds, weighted by its
 // tile area and discounted by kWideGainPct, do not exceed the preferred tile's (select_kernel).
@@ -474,12 +480,15 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       // The 128x192 or 128x144 tiles instead where one round of them fills more SMs (1024 x 4096
       // -> 3072: 128 of 192 against 96 of 256; 1536 x 4096 -> 1536: 132 of 144). Only where the
       // 128x128 tiles need more than one round: one round of them is fuller than any wider one.
-      if (!tf32 && K >= kMidCooperativeMinK && dp_tiles > sms) {
+      // Below kMidCooperativeMinK down to kOneRoundMinK, the 128x144 and 128x192 tiles only:
+      // there one round of 128x192 tiles beat the transposed 64x128 and the ping-pong 128x128
+      // tiles (2048 x 2048 -> 1536: 0.73x the time), while the 128x256 tile tied them at best.
+      if (!tf32 && K >= kOneRoundMinK && dp_tiles > sms) {
         const GemmKernelEntry* round = nullptr;
         int64_t round_tiles = 0;
         for (const GemmKernelEntry* e : cutlass) {
-          if (e->transposed || e->stream_k || e->tile_m != best_dp->tile_m ||
-              (e->tile_n != 2 * best_dp->tile_n && !is_one_wave_tile(*e))) {
+          const bool wide = e->tile_n == 2 * best_dp->tile_n && K >= kMidCooperativeMinK;
+          if (e->transposed || e->stream_k || e->tile_m != best_dp->tile_m || (!wide && !is_one_wave_tile(*e))) {
             continue;
           }
           const int64_t tiles = output_tiles(*e, M, N, L);

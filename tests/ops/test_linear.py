@@ -908,17 +908,17 @@ def test_small_m_forward_backward(dtype_name, m):
 
 
 # ------------------------------------------------------------------------------------------------
-# Between half a wave and two waves of 128x128 tiles the forward takes, from K = 4096 and past one
-# round of 128x128 tiles, one round of 128x144, 128x192 or 128x256 tiles (the most tiles) where it
-# covers at least 70% of the SMs; else the 128x128 tiles (cooperative from K = 4096, ping-pong
+# Between half a wave and two waves of 128x128 tiles the forward takes, past one round of 128x128
+# tiles, one round of 128x144 or 128x192 tiles from K = 1024 (or 128x256 ones from K = 4096, the
+# most tiles) where it covers at least 70% of the SMs; else the 128x128 tiles (cooperative from K = 4096, ping-pong
 # below), the transposed 64x128 tiles or the 128x144 or 128x192 tiles, whichever leaves its last
 # wave fuller (by more than a tenth of a wave, in that order of preference).
 
 
 @requires_cuda
-@pytest.mark.parametrize("k", [264, 4096])
+@pytest.mark.parametrize("k", [264, 2048, 4096])
 @pytest.mark.parametrize("m,n", [(512, 4096), (768, 4096), (1024, 4096), (640, 3000), (1536, 1536), (2048, 2048),
-                                 (1024, 3072), (1536, 2048)])
+                                 (1024, 3072), (1536, 2048), (2048, 1536)])
 def test_mid_m_forward_takes_the_fuller_last_wave(m, k, n):
     name = heuristic_kernel(m, k, n)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
