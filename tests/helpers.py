@@ -156,13 +156,30 @@ def one_wave_tiles_take(m: int, n: int, sms: int) -> bool:
     return rounds(math.ceil(m / 128) * math.ceil(n / 144)) * 144 * 100 <= rounds(square) * 128 * 85
 
 
+def rounds_tile_n(m: int, k: int, n: int, sms: int) -> int | None:
+    """The width of the tile that the GEMM heuristic takes for a 16-bit m x k -> n product (no batch,
+    no LoRA pair, more than 256 rows) from two waves of 128x128 tiles on ``sms`` SMs: 144 where
+    ``one_wave_tiles_take``; else 192 from K = 1024, outside the 128x256 tile's range (K >= 4096
+    with m, n >= 2048), where the 192-wide tiles' rounds times their area do not exceed the
+    128x128 tiles'; else None."""
+    square = math.ceil(m / 128) * math.ceil(n / 128)
+    if m <= 256 or square < 2 * sms:
+        return None
+    if one_wave_tiles_take(m, n, sms):
+        return 144
+    rounds = lambda tiles: math.ceil(tiles / sms)  # noqa: E731
+    wide_range = k >= 4096 and m >= 2048 and n >= 2048
+    if k >= 1024 and not wide_range and rounds(math.ceil(m / 128) * math.ceil(n / 192)) * 192 <= rounds(square) * 128:
+        return 192
+    return None
+
+
 def one_round_tile_n(m: int, k: int, n: int, sms: int) -> int | None:
     """The width of the 128-row tile that the GEMM heuristic's mid-M rule takes for one round of
     a 16-bit m x k -> n product (no batch, no LoRA pair): from K = 1024, with more than 256 rows and
     between one wave and two of 128x128 tiles, of the 128x144 and 128x192 tiles (and from K = 4096
     the 128x256 ones) that make one round over at least 70% of ``sms`` SMs the one with more tiles
-    (on a tie the wider); else None.
-    (A stream-K split of a long K's last wave comes first; not modelled here.)"""
+    (on a tie the wider); else None. (Ahead of the stream-K split of a long K's last wave.)"""
     n_padded = math.ceil(n / 8) * 8
     square = math.ceil(m / 128) * math.ceil(n_padded / 128)
     if k < 1024 or m <= 256 or not sms < square < 2 * sms:

@@ -90,12 +90,15 @@ constexpr int64_t kMidCooperativeMinK = 4096;
 // 1.03-1.15x slower than the 128x128 ping-pong tiles on an H200 (section 53): at 85% they won
 // (3072 x 3072 -> 1536 0.86x the time, 4608 x 4096 -> 1536 0.93x), at 90% they tied.
 constexpr int64_t kOneWaveMaxAreaPct = 85;
-// The mid-M rule's one round of 128x144 or 128x192 tiles applies from this K (the shortest
-// measured); the 128x256 tile joins it from kMidCooperativeMinK. Measured on an H200 (section 54),
-// one round of 128x192 tiles over the rule's earlier pick at K = 1024-3072: 0.73-0.87x the time
-// where it took the transposed 64x128 or the ping-pong 128x128 tiles over 1536-2048 rows
-// (2048 x 2048 -> 1536, 1536 x 3072 -> 2048), 0.97-1.02x over 512-1024 rows.
+// The one round of 128x144 or 128x192 tiles between one and two rounds of 128x128 tiles
+// (select_kernel's mid_round) applies from this K, the shortest measured; the 128x256 tile joins
+// it from kMidCooperativeMinK.
 constexpr int64_t kOneRoundMinK = 1024;
+// From two waves of the preferred tiles, the 128x192 tiles where their rounds over the SMs times
+// their area are at most this percentage of the preferred tile's (after the 128x144 tiles' test).
+// On an H200 (section 54) they ran faster per round and area than the 128x128 tiles, where the
+// 128x144 ones ran slower: at 100%, 1536 x 4096 -> 4096 0.95x the time, at 90%, 3072^3 0.98x.
+constexpr int64_t kRoundsMaxAreaPct192 = 100;
 // 16-bit products over at least this K, with M and N at least kWideMinMN and at least 1.5 rounds of
 // 128x256 tiles over the SMs, take the cooperative 128x256 tile where its rounds, weighted by its
 // tile area and discounted by kWideGainPct, do not exceed the preferred tile's (select_kernel).
@@ -138,6 +141,26 @@ bool one_column_tile_under_cluster(const GemmKernelEntry& e, int64_t N) {
 // whose tiles they fit into whole rounds, and taken only by the rules that compare rounds.
 bool is_one_wave_tile(const GemmKernelEntry& e) {
   return !e.transposed && !e.stream_k && e.tile_n > 128 && e.tile_n < 256;
+}
+
+// Of the tiles as tall as `dp` that are 144 or 192 wide (and, from kMidCooperativeMinK, twice as
+// wide as `dp`), the one whose M x N output makes one round over at least 70% of the SMs, the one
+// of more tiles (on a tie the wider); nullptr if none does.
+const GemmKernelEntry* one_round_tile(const std::vector<const GemmKernelEntry*>& cutlass, const GemmKernelEntry& dp,
+                                      int64_t M, int64_t N, int64_t K, int64_t L, int sms) {
+  const GemmKernelEntry* round = nullptr;
+  int64_t round_tiles = 0;
+  for (const GemmKernelEntry* e : cutlass) {
+    const bool wide = e->tile_n == 2 * dp.tile_n && K >= kMidCooperativeMinK;
+    if (e->transposed || e->stream_k || e->tile_m != dp.tile_m || (!wide && !is_one_wave_tile(*e))) continue;
+    const int64_t tiles = output_tiles(*e, M, N, L);
+    if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms) &&
+        (tiles > round_tiles || (tiles == round_tiles && e->tile_n > round->tile_n))) {
+      round = e;
+      round_tiles = tiles;
+    }
+  }
+  return round;
 }
 
 }  // namespace
@@ -422,12 +445,34 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     if (slot == nullptr) slot = e;
   }
   const int64_t dp_tiles = best_dp != nullptr ? output_tiles(*best_dp, M, N, L) : 0;
+  // Between one round and two of the preferred 128x128 tiles, from kOneRoundMinK: one round of
+  // 128x144 or 128x192 tiles (from kMidCooperativeMinK also 128x256 ones) that covers at least 70%
+  // of the SMs, the one of more tiles (one_round_tile). Half the tiles of 128x128 or nearly, each
+  // reading its A rows once for more columns, with no second round. Measured on an H200 (bf16
+  // bias+ReLU, CUDA-graph replays; bench/NOTES.md sections 53-54):
+  //   - K >= 4096, over the 128x128 tiles: 128 tiles of 256, 1024 x 11008 -> 4096 and 1024 x 8192
+  //     -> 4096 0.96x the cooperative tile's time, 2048 x 4096 -> 2048 0.94x, 1024 x 4096 -> 4096
+  //     0.97x; 128-132 tiles of 192 where 256-wide ones make 96, 1024 x 4096 -> 3072 0.80x the
+  //     64x128 tiles' time, 768 x 4096 -> 4096 and 1536 x 4096 -> 2048 0.86x and 0.84x the 128x256
+  //     tiles'; 132 tiles of 144, 1536 x 4096 -> 1536 (192 wide would make 96).
+  //   - K = 1024-3072 (the 128x256 tiles tied the ping-pong 128x128 ones at best there): one round
+  //     of 192-wide tiles 0.73-0.87x the time where the rule took the transposed 64x128 or the
+  //     ping-pong 128x128 tiles over 1536-2048 rows, 0.97-1.02x over 512-1024 rows.
+  //   - K >= kStreamKMinK, ahead of the stream-K rule below: 768 x 11008 -> 4096 (section 54).
+  // Only past one round of 128x128 tiles: one round of them is fuller than any wider one.
+  const GemmKernelEntry* mid_round =
+      best_dp != nullptr && !tf32 && !only_transposed && M > kTransposedMaxM && !with_extk_twin && K >= kOneRoundMinK &&
+              dp_tiles > sms && dp_tiles < 2 * int64_t(sms)
+          ? one_round_tile(cutlass, *best_dp, M, N, K, L, sms)
+          : nullptr;
+  if (mid_round != nullptr) return mid_round;
   // Between one and two waves of the preferred tiles with the second wave under half full and a
   // long K, the stream-K config with the same tile spreads the last wave's K loops over every SM
   // (split_k_factor returns 0 there: CUTLASS's stream-K decomposition). Measured on an H200
   // (bf16, bench/NOTES.md section 12): 768 x 11008 -> 4096 108.7 us against 122.3 for the best
   // data-parallel config, 768 x 8192 -> 4096 87.0 against 94.6; at K = 4096 the fix-up of the
-  // split tiles cost more than the balance gained (768 x 4096 x 4096: 55.4 against 49.4).
+  // split tiles cost more than the balance gained (768 x 4096 x 4096: 55.4 against 49.4). One
+  // round of wider tiles (mid_round, above) comes first.
   if (best_dp != nullptr && best_sk != nullptr && !only_transposed && !with_extk_twin && K >= kStreamKMinK &&
       best_sk->tile_m == best_dp->tile_m && best_sk->tile_n == best_dp->tile_n && dp_tiles > sms &&
       dp_tiles < 2 * int64_t(sms) && 2 * (dp_tiles - sms) < sms) {
@@ -471,35 +516,6 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     }
     if ((coop != nullptr || narrow != nullptr || one_wave != nullptr) && 2 * dp_tiles >= sms &&
         dp_tiles < 2 * int64_t(sms)) {
-      // Over a long K, one round of the wide 128x256 tiles that covers at least 70% of the SMs:
-      // half the tiles of 128x128, each reading its A rows once for 256 columns. Measured on an
-      // H200 (bench/NOTES.md section 53): with 128 wide tiles on 132 SMs, 1024 x 11008 -> 4096 and
-      // 1024 x 8192 -> 4096 0.96x the cooperative 128x128 tile's time, 2048 x 4096 -> 2048 0.94x,
-      // 1024 x 4096 -> 4096 0.97x; with 96, 1024 x 4096 -> 3072 0.80x the 64x128 tiles' time and
-      // 768 x 4096 -> 4096 0.95-1.02x.
-      // The 128x192 or 128x144 tiles instead where one round of them fills more SMs (1024 x 4096
-      // -> 3072: 128 of 192 against 96 of 256; 1536 x 4096 -> 1536: 132 of 144). Only where the
-      // 128x128 tiles need more than one round: one round of them is fuller than any wider one.
-      // Below kMidCooperativeMinK down to kOneRoundMinK, the 128x144 and 128x192 tiles only:
-      // there one round of 128x192 tiles beat the transposed 64x128 and the ping-pong 128x128
-      // tiles (2048 x 2048 -> 1536: 0.73x the time), while the 128x256 tile tied them at best.
-      if (!tf32 && K >= kOneRoundMinK && dp_tiles > sms) {
-        const GemmKernelEntry* round = nullptr;
-        int64_t round_tiles = 0;
-        for (const GemmKernelEntry* e : cutlass) {
-          const bool wide = e->tile_n == 2 * best_dp->tile_n && K >= kMidCooperativeMinK;
-          if (e->transposed || e->stream_k || e->tile_m != best_dp->tile_m || (!wide && !is_one_wave_tile(*e))) {
-            continue;
-          }
-          const int64_t tiles = output_tiles(*e, M, N, L);
-          if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms) &&
-              (tiles > round_tiles || (tiles == round_tiles && e->tile_n > round->tile_n))) {
-            round = e;
-            round_tiles = tiles;
-          }
-        }
-        if (round != nullptr) return round;
-      }
       const bool take_coop = coop != nullptr && (K >= kMidCooperativeMinK || best_dp->aux);
       const GemmKernelEntry* pick = take_coop ? coop : best_dp;
       if (narrow != nullptr && last_wave_fill(*narrow) > last_wave_fill(*pick) + 0.1) pick = narrow;
@@ -509,17 +525,26 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   }
   // From two waves on, the 128x144 tiles where their rounds, weighted by their area, undercut the
   // preferred tile's by kOneWaveMaxAreaPct: 3072 x 3072 -> 1536 takes 2 rounds of them (264 tiles)
-  // against 3 of 128x128 ones (288).
+  // against 3 of 128x128 ones (288). Else the 128x192 tiles where theirs do not exceed the
+  // preferred tile's (kRoundsMaxAreaPct192), from kOneRoundMinK and outside the 128x256 tile's
+  // range below (K >= kWideMinK with M, N >= kWideMinMN): 1536 x 4096 -> 4096 takes 2 rounds of
+  // them (264 tiles) against 3 of 128x128 ones (384).
   if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin && dp_tiles >= 2 * int64_t(sms)) {
-    // (The 128x144 tiles' rate was measured; the 128x192 ones, built for one round, keep out.)
+    const bool wide_range = K >= kWideMinK && M >= kWideMinMN && N >= kWideMinMN;
+    const GemmKernelEntry* pick = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
-      if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m || e->tile_n != 144) continue;
+      if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m || (e->tile_n == 192 && (wide_range || K < kOneRoundMinK))) {
+        continue;
+      }
+      const int64_t max_pct = e->tile_n == 144 ? kOneWaveMaxAreaPct : e->tile_n == 192 ? kRoundsMaxAreaPct192 : 0;
       const int64_t tiles = output_tiles(*e, M, N, L);
       const int64_t rounds = (tiles + sms - 1) / sms, dp_rounds = (dp_tiles + sms - 1) / sms;
-      if (rounds * e->tile_m * e->tile_n * 100 <= dp_rounds * best_dp->tile_m * best_dp->tile_n * kOneWaveMaxAreaPct) {
-        return e;
+      if (rounds * e->tile_m * e->tile_n * 100 <= dp_rounds * best_dp->tile_m * best_dp->tile_n * max_pct &&
+          (pick == nullptr || e->tile_n < pick->tile_n)) {
+        pick = e;  // the 144-wide tile first
       }
     }
+    if (pick != nullptr) return pick;
   }
   if (tf32 && best_dp != nullptr && !only_transposed && M > kTransposedMaxM) {
     if (const GemmKernelEntry* e = tf32_round_kernel(*best_dp, best_sk, dp_tiles, sms)) return e;

@@ -18,7 +18,7 @@ from cutlass_ext.ops import linear as linear_ops
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
                        cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_n_tile,
-                       one_round_tile_n, one_wave_tiles_take, unit_in_last_place, wide_tile)
+                       one_round_tile_n, one_wave_tiles_take, rounds_tile_n, unit_in_last_place, wide_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -963,6 +963,27 @@ def test_from_two_waves_the_144_wide_tiles_where_they_need_fewer_rounds(m, n):
 
 def is_144_wide(name):
     return "ILi144E" in name or "C<144>" in name
+
+
+# From two waves of 128x128 tiles over K >= 1024, outside the 128x256 tile's range, the 128x192
+# tiles where their rounds times their area do not exceed the 128x128 tiles'; and between one
+# round and two over K >= 8192, one round of wider tiles ahead of the stream-K split.
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,k,n", [(1536, 4096, 4096), (3072, 3072, 3072), (768, 11008, 4096), (2048, 4096, 4096),
+                                   (3072, 512, 3072)])
+def test_rounds_of_192_wide_tiles_where_they_cost_no_more(m, k, n):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    width = rounds_tile_n(m, k, n, sms) or one_round_tile_n(m, k, n, sms)
+    name = heuristic_kernel(m, k, n)
+    if width is None:
+        assert not ("ILi192E" in name or "C<192>" in name), name
+        return
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16)
+    _, forced = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True, config=f"128x{width}_2x1_coop"))
+    assert name == forced[0], (name, width)
 
 
 # Few columns over many rows with a short K (narrow MLP layers): the transposed product, in the
