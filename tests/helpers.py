@@ -156,24 +156,6 @@ def one_wave_tiles_take(m: int, n: int, sms: int) -> bool:
     return rounds(math.ceil(m / 128) * math.ceil(n / 144)) * 144 * 100 <= rounds(square) * 128 * 85
 
 
-def rounds_tile_n(m: int, k: int, n: int, sms: int) -> int | None:
-    """The width of the tile that the GEMM heuristic takes for a 16-bit m x k -> n product (no batch,
-    no LoRA pair, more than 256 rows) from two waves of 128x128 tiles on ``sms`` SMs: 144 where
-    ``one_wave_tiles_take``; else 192 from K = 1024, outside the 128x256 tile's range (K >= 4096
-    with m, n >= 2048), where the 192-wide tiles' rounds times their area do not exceed the
-    128x128 tiles'; else None."""
-    square = math.ceil(m / 128) * math.ceil(n / 128)
-    if m <= 256 or square < 2 * sms:
-        return None
-    if one_wave_tiles_take(m, n, sms):
-        return 144
-    rounds = lambda tiles: math.ceil(tiles / sms)  # noqa: E731
-    wide_range = k >= 4096 and m >= 2048 and n >= 2048
-    if k >= 1024 and not wide_range and rounds(math.ceil(m / 128) * math.ceil(n / 192)) * 192 <= rounds(square) * 128:
-        return 192
-    return None
-
-
 def one_round_tile_n(m: int, k: int, n: int, sms: int) -> int | None:
     """The width of the 128-row tile that the GEMM heuristic's mid-M rule takes for one round of
     a 16-bit m x k -> n product (no batch, no LoRA pair): from K = 1024, with more than 256 rows and

@@ -15,7 +15,7 @@ import pytest
 from cutlass_ext import _build, _kernel_table
 
 from .helpers import (ROOT, aux_cooperative, compile_host_program, narrow_n_tile, one_round_tile_n,
-                      one_wave_tiles_take, rounds_tile_n, wide_tile)
+                      one_wave_tiles_take, wide_tile)
 
 SMS = 132  # an H100 SXM / H200
 # Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
@@ -196,21 +196,14 @@ def test_one_wave_tiles_only_by_their_waves(driver):
 def test_from_two_waves_one_wave_tiles_where_their_rounds_cost_less(driver, m, k, n):
     """Past two waves of 128x128 tiles the 128x144 tiles are taken where their rounds times their
     area are at most 85% of the 128x128 tiles': 3072 x 3072 -> 1536 is 264 tiles (2 rounds)
-    against 288 (3 rounds). Else, from K = 1024 and outside the 128x256 tile's range, the 128x192
-    tiles where theirs are at most the 128x128 tiles': 3072^3 is 384 tiles (3 rounds) against 576
-    (5 rounds)."""
+    against 288 (3 rounds). Never the 128x192 tiles."""
     assert tiles(m, n, 128, 128) >= 2 * SMS
     takes = one_wave_tiles_take(m, n, SMS)
     assert takes == ((m, k, n) in [(3072, 3072, 1536), (4608, 4096, 1536)])
-    width = rounds_tile_n(m, k, n, SMS)
-    assert (width == 192) == ((m, k, n) in [(3072, 3072, 3072), (6144, 4096, 1536), (4096, 2048, 3072),
-                                            (8192, 4096, 1536)])
     config, _ = pick(driver, m, k, n)
-    assert config == (f"128x{width}_2x1_coop" if width else config), config
     assert (config == "128x144_2x1_coop") == takes, config
-    assert pick(driver, m, k, n, aux=True)[0] not in ("128x144_2x1_coop", "128x192_2x1_coop")
-    if width == 192:  # not below K = 1024
-        assert pick(driver, m, 512, n)[0] != "128x192_2x1_coop"
+    assert config != "128x192_2x1_coop"
+    assert pick(driver, m, k, n, aux=True)[0] != "128x144_2x1_coop"
 
 
 @pytest.mark.parametrize("k", [4096, 8192])
@@ -268,10 +261,8 @@ def test_several_rounds_over_a_long_k_take_the_wide_cooperative_tile(driver, m, 
                                       (1024, 8192, 8192), (3200, 4096, 4096), (1536, 4096, 4096)])
     config, _ = pick(driver, m, k, n, aux=aux, dtype=dtype)
     assert (config == WIDE) == wide, (config, tiles(m, n, 128, 256) / SMS)
-    if not wide:  # the 128x128 tiles, or the 192-wide ones where their rounds cost no more (1536 rows)
-        width = None if aux else rounds_tile_n(m, k, n, SMS) or one_round_tile_n(m, k, n, SMS)
-        assert config.startswith(f"128x{width or 128}_"), config
-        assert (width == 192) == ((m, k, n) == (1536, 4096, 4096) and not aux)
+    if not wide:
+        assert config.startswith("128x128_"), config
     # LoRA's extended-K products take the wide tile by the same rule (it has extended-K twins),
     # else the preferred data-parallel tile, never the other rules' configs.
     extk_wide = wide_tile(m, k, n, SMS, extk=True)

@@ -94,11 +94,6 @@ constexpr int64_t kOneWaveMaxAreaPct = 85;
 // (select_kernel's mid_round) applies from this K, the shortest measured; the 128x256 tile joins
 // it from kMidCooperativeMinK.
 constexpr int64_t kOneRoundMinK = 1024;
-// From two waves of the preferred tiles, the 128x192 tiles where their rounds over the SMs times
-// their area are at most this percentage of the preferred tile's (after the 128x144 tiles' test).
-// On an H200 (section 54) they ran faster per round and area than the 128x128 tiles, where the
-// 128x144 ones ran slower: at 100%, 1536 x 4096 -> 4096 0.95x the time, at 90%, 3072^3 0.98x.
-constexpr int64_t kRoundsMaxAreaPct192 = 100;
 // 16-bit products over at least this K, with M and N at least kWideMinMN and at least 1.5 rounds of
 // 128x256 tiles over the SMs, take the cooperative 128x256 tile where its rounds, weighted by its
 // tile area and discounted by kWideGainPct, do not exceed the preferred tile's (select_kernel).
@@ -458,7 +453,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   //   - K = 1024-3072 (the 128x256 tiles tied the ping-pong 128x128 ones at best there): one round
   //     of 192-wide tiles 0.73-0.87x the time where the rule took the transposed 64x128 or the
   //     ping-pong 128x128 tiles over 1536-2048 rows, 0.97-1.02x over 512-1024 rows.
-  //   - K >= kStreamKMinK, ahead of the stream-K rule below: 768 x 11008 -> 4096 (section 54).
+  //   - K >= kStreamKMinK, ahead of the stream-K rule below: 768 x 8192 and 11008 -> 4096,
+  //     1024 x 8192 and 11008 -> 3072 0.87-0.91x the stream-K tile's time with 192-wide tiles,
+  //     2048 x 8192 -> 1536 0.81x; 1536 x 8192 -> 1536 0.91x with 144-wide ones.
   // Only past one round of 128x128 tiles: one round of them is fuller than any wider one.
   const GemmKernelEntry* mid_round =
       best_dp != nullptr && !tf32 && !only_transposed && M > kTransposedMaxM && !with_extk_twin && K >= kOneRoundMinK &&
@@ -525,26 +522,17 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   }
   // From two waves on, the 128x144 tiles where their rounds, weighted by their area, undercut the
   // preferred tile's by kOneWaveMaxAreaPct: 3072 x 3072 -> 1536 takes 2 rounds of them (264 tiles)
-  // against 3 of 128x128 ones (288). Else the 128x192 tiles where theirs do not exceed the
-  // preferred tile's (kRoundsMaxAreaPct192), from kOneRoundMinK and outside the 128x256 tile's
-  // range below (K >= kWideMinK with M, N >= kWideMinMN): 1536 x 4096 -> 4096 takes 2 rounds of
-  // them (264 tiles) against 3 of 128x128 ones (384).
+  // against 3 of 128x128 ones (288). (Not the 128x192 tiles: at equal rounds times area they ran
+  // 1.03-1.10x the ping-pong 128x128 tiles' time, bench/NOTES.md section 54.)
   if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin && dp_tiles >= 2 * int64_t(sms)) {
-    const bool wide_range = K >= kWideMinK && M >= kWideMinMN && N >= kWideMinMN;
-    const GemmKernelEntry* pick = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
-      if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m || (e->tile_n == 192 && (wide_range || K < kOneRoundMinK))) {
-        continue;
-      }
-      const int64_t max_pct = e->tile_n == 144 ? kOneWaveMaxAreaPct : e->tile_n == 192 ? kRoundsMaxAreaPct192 : 0;
+      if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m || e->tile_n != 144) continue;
       const int64_t tiles = output_tiles(*e, M, N, L);
       const int64_t rounds = (tiles + sms - 1) / sms, dp_rounds = (dp_tiles + sms - 1) / sms;
-      if (rounds * e->tile_m * e->tile_n * 100 <= dp_rounds * best_dp->tile_m * best_dp->tile_n * max_pct &&
-          (pick == nullptr || e->tile_n < pick->tile_n)) {
-        pick = e;  // the 144-wide tile first
+      if (rounds * e->tile_m * e->tile_n * 100 <= dp_rounds * best_dp->tile_m * best_dp->tile_n * kOneWaveMaxAreaPct) {
+        return e;
       }
     }
-    if (pick != nullptr) return pick;
   }
   if (tf32 && best_dp != nullptr && !only_transposed && M > kTransposedMaxM) {
     if (const GemmKernelEntry* e = tf32_round_kernel(*best_dp, best_sk, dp_tiles, sms)) return e;

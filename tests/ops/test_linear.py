@@ -18,7 +18,7 @@ from cutlass_ext.ops import linear as linear_ops
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
                        cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_n_tile,
-                       one_round_tile_n, one_wave_tiles_take, rounds_tile_n, unit_in_last_place, wide_tile)
+                       one_round_tile_n, one_wave_tiles_take, unit_in_last_place, wide_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -965,27 +965,6 @@ def is_144_wide(name):
     return "ILi144E" in name or "C<144>" in name
 
 
-# From two waves of 128x128 tiles over K >= 1024, outside the 128x256 tile's range, the 128x192
-# tiles where their rounds times their area do not exceed the 128x128 tiles'; and between one
-# round and two over K >= 8192, one round of wider tiles ahead of the stream-K split.
-
-
-@requires_cuda
-@pytest.mark.parametrize("m,k,n", [(1536, 4096, 4096), (3072, 3072, 3072), (768, 11008, 4096), (2048, 4096, 4096),
-                                   (3072, 512, 3072)])
-def test_rounds_of_192_wide_tiles_where_they_cost_no_more(m, k, n):
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    width = rounds_tile_n(m, k, n, sms) or one_round_tile_n(m, k, n, sms)
-    name = heuristic_kernel(m, k, n)
-    if width is None:
-        assert not ("ILi192E" in name or "C<192>" in name), name
-        return
-    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
-    W = rand(n, k, device="cuda", dtype=torch.bfloat16)
-    _, forced = gemm_kernels_run(lambda: cutlass_ext.linear(A, W.t(), relu=True, config=f"128x{width}_2x1_coop"))
-    assert name == forced[0], (name, width)
-
-
 # Few columns over many rows with a short K (narrow MLP layers): the transposed product, in the
 # widest 64-row tile whose grid fills the SMs at least once (at most 64 wide for up to 64 columns
 # with K <= 256), else the narrowest.
@@ -1071,14 +1050,24 @@ def test_below_half_a_wave_takes_the_transposed_tiles(m, k, n):
 @requires_sm90_path
 @pytest.mark.parametrize("k", [4096, 8192])
 def test_partial_second_wave_with_a_long_k_takes_stream_k(k):
-    # 6 row tiles of 128 and enough column tiles for about 1.3 waves of 128x128 tiles: the stream-K
-    # decomposition from K = 8192 on, a data-parallel kernel below.
+    # 6 row tiles of 128 and enough column tiles for about 1.3 waves of 128x128 tiles. With a
+    # row-major B (no 144- or 192-wide tiles for that layout): the stream-K decomposition from
+    # K = 8192 on, a data-parallel kernel below. With a weight (a K-major B): one round of wider
+    # tiles ahead of both (tests/test_select.py has the rules).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = 128 * math.ceil(1.3 * sms / 6)
     tiles = 6 * n // 128
     assert sms < tiles < 1.5 * sms
+    A = rand(768, k, device="cuda", dtype=torch.bfloat16)
+    B = rand(k, n, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
+    y, names = gemm_kernels_run(lambda: cutlass_ext.linear(A, B, bias, relu=True))
+    assert len(names) == 1 and ("StreamKScheduler" in names[0]) == (k >= 8192), [name[:200] for name in names]
+    assert_close_to_reference(y, ref_linear(A, B, bias, "relu"), peer_linear(A, B, bias, "relu"), "bf16")
+    width = one_round_tile_n(768, k, n, sms)
+    assert width is not None
     name = heuristic_kernel(768, k, n)
-    assert ("StreamKScheduler" in name) == (k >= 8192), name
+    assert f"ILi{width}E" in name or f"C<{width}>" in name, name
 
 
 @requires_cuda
