@@ -151,9 +151,10 @@ def test_between_half_a_wave_and_two_the_fuller_last_wave_wins(driver, m, k, n):
     assert 2 * square >= SMS and square < 2 * SMS
     fill = lambda count: count / (math.ceil(count / SMS) * SMS)  # noqa: E731
     # From K = 1024 one round of 128x144 or 128x192 tiles (from K = 4096 also 128x256 ones) over at
-    # least 70% of the SMs (the one of more tiles); else the cooperative 128x128 tile from K = 4096, the ping-pong one (in 1x2
-    # clusters) below, unless the 64x128 transposed tiles or the 144- or 192-wide ones (the one of
-    # fuller last wave) fill their last wave better by more than a tenth.
+    # least 70% of the SMs (the one of more tiles); else the cooperative 128x128 tile from
+    # K = 4096, the ping-pong one (in 1x2 clusters) below, unless the 64x128 transposed tiles or the
+    # 144- or 192-wide ones (the one of fuller last wave) fill their last wave better by more than a
+    # tenth.
     width = one_round_tile_n(m, k, n, SMS)
     if width is not None:
         assert 10 * tiles(m, n, 128, width) >= 7 * SMS and config == f"128x{width}_2x1_coop", config

@@ -910,9 +910,10 @@ def test_small_m_forward_backward(dtype_name, m):
 # ------------------------------------------------------------------------------------------------
 # Between half a wave and two waves of 128x128 tiles the forward takes, past one round of 128x128
 # tiles, one round of 128x144 or 128x192 tiles from K = 1024 (or 128x256 ones from K = 4096, the
-# most tiles) where it covers at least 70% of the SMs; else the 128x128 tiles (cooperative from K = 4096, ping-pong
-# below), the transposed 64x128 tiles or the 128x144 or 128x192 tiles, whichever leaves its last
-# wave fuller (by more than a tenth of a wave, in that order of preference).
+# most tiles) where it covers at least 70% of the SMs; else the 128x128 tiles (cooperative from
+# K = 4096, ping-pong below), the transposed 64x128 tiles or the 128x144 or 128x192 tiles,
+# whichever leaves its last wave fuller (by more than a tenth of a wave, in that order of
+# preference).
 
 
 @requires_cuda
