@@ -161,13 +161,15 @@ def one_round_tile_n(m: int, k: int, n: int, sms: int) -> int | None:
     a 16-bit m x k -> n product (no batch, no LoRA pair): from K = 1024, with more than 256 rows and
     between one wave and two of 128x128 tiles, of the 128x144 and 128x192 tiles (and from K = 4096
     the 128x256 ones) that make one round over at least 70% of ``sms`` SMs the one with more tiles
-    (on a tie the wider); else None. (Ahead of the stream-K split of a long K's last wave.)"""
+    (on a tie the wider); else None. Ahead of the stream-K split of a long K's last wave (K >= 8192,
+    a second round of 128x128 tiles under half full), which the 128x256 tiles do not take part in."""
     n_padded = math.ceil(n / 8) * 8
     square = math.ceil(m / 128) * math.ceil(n_padded / 128)
     if k < 1024 or m <= 256 or not sms < square < 2 * sms:
         return None
+    stream_k = k >= 8192 and 2 * (square - sms) < sms
     best, best_tiles = None, 0
-    for width in (256, 192, 144) if k >= 4096 else (192, 144):
+    for width in (256, 192, 144) if k >= 4096 and not stream_k else (192, 144):
         count = math.ceil(m / 128) * math.ceil(n_padded / width)
         if count <= sms and 10 * count >= 7 * sms and count > best_tiles:
             best, best_tiles = width, count

@@ -226,6 +226,20 @@ def test_partial_second_wave_with_a_long_k_takes_stream_k(driver, k, b_major):
         assert width is not None
 
 
+@pytest.mark.parametrize("k", [4096, 8192])
+def test_stream_k_over_one_round_of_256_wide_tiles(driver, k):
+    # 768 x k -> 4096: 192 tiles of 128x128, a second round under half full; 96 tiles of 256 (73%
+    # of the SMs). Where no 144- or 192-wide tiles are built (the aux output, a row-major B with
+    # the plain epilogue), K >= 8192 takes the stream-K split (the 256-wide round ran 1.07x its
+    # time), K = 4096 the 256-wide round. With 192-wide tiles, those.
+    for kwargs in ({"aux": True}, {"b_major": "n", "plain": True}):
+        config, splits = pick(driver, 768, k, 4096, **kwargs)
+        expected = ("128x128_1x1_coop_sk", 0) if k >= 8192 else (WIDE, 1)
+        assert (config, splits) == expected, (kwargs, config, splits)
+    assert pick(driver, 768, k, 4096)[0] == "128x192_2x1_coop"
+    assert one_round_tile_n(768, k, 4096, SMS) == 192
+
+
 def test_two_waves_take_the_2x2_cluster_where_it_needs_no_more_rounds(driver):
     wide_ctas, dp_ctas = min(SMS, 4 * CLUSTERS[4]), min(SMS, 2 * CLUSTERS[2])
     for n_tiles in (math.ceil((2 * SMS + 8) / 8), 40, math.ceil(4 * SMS / 8)):

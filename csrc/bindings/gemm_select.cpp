@@ -138,15 +138,15 @@ bool is_one_wave_tile(const GemmKernelEntry& e) {
   return !e.transposed && !e.stream_k && e.tile_n > 128 && e.tile_n < 256;
 }
 
-// Of the tiles as tall as `dp` that are 144 or 192 wide (and, from kMidCooperativeMinK, twice as
-// wide as `dp`), the one whose M x N output makes one round over at least 70% of the SMs, the one
-// of more tiles (on a tie the wider); nullptr if none does.
+// Of the tiles as tall as `dp` that are 144 or 192 wide (and, with `with_wide`, twice as wide as
+// `dp`), the one whose M x N output makes one round over at least 70% of the SMs, the one of more
+// tiles (on a tie the wider); nullptr if none does.
 const GemmKernelEntry* one_round_tile(const std::vector<const GemmKernelEntry*>& cutlass, const GemmKernelEntry& dp,
-                                      int64_t M, int64_t N, int64_t K, int64_t L, int sms) {
+                                      int64_t M, int64_t N, int64_t L, int sms, bool with_wide) {
   const GemmKernelEntry* round = nullptr;
   int64_t round_tiles = 0;
   for (const GemmKernelEntry* e : cutlass) {
-    const bool wide = e->tile_n == 2 * dp.tile_n && K >= kMidCooperativeMinK;
+    const bool wide = e->tile_n == 2 * dp.tile_n && with_wide;
     if (e->transposed || e->stream_k || e->tile_m != dp.tile_m || (!wide && !is_one_wave_tile(*e))) continue;
     const int64_t tiles = output_tiles(*e, M, N, L);
     if (tiles <= sms && 10 * tiles >= 7 * int64_t(sms) &&
@@ -440,11 +440,22 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     if (slot == nullptr) slot = e;
   }
   const int64_t dp_tiles = best_dp != nullptr ? output_tiles(*best_dp, M, N, L) : 0;
+  // Between one and two waves of the preferred tiles with the second wave under half full and a
+  // long K, the stream-K config with the same tile spreads the last wave's K loops over every SM
+  // (split_k_factor returns 0 there: CUTLASS's stream-K decomposition). Measured on an H200
+  // (bf16, bench/NOTES.md section 12): 768 x 11008 -> 4096 108.7 us against 122.3 for the best
+  // data-parallel config, 768 x 8192 -> 4096 87.0 against 94.6; at K = 4096 the fix-up of the
+  // split tiles cost more than the balance gained (768 x 4096 x 4096: 55.4 against 49.4). One
+  // round of 144- or 192-wide tiles (mid_round, below) comes first.
+  const bool stream_k_round = best_dp != nullptr && best_sk != nullptr && !only_transposed && !with_extk_twin &&
+                              K >= kStreamKMinK && best_sk->tile_m == best_dp->tile_m &&
+                              best_sk->tile_n == best_dp->tile_n && dp_tiles > sms && dp_tiles < 2 * int64_t(sms) &&
+                              2 * (dp_tiles - sms) < sms;
   // Between one round and two of the preferred 128x128 tiles, from kOneRoundMinK: one round of
-  // 128x144 or 128x192 tiles (from kMidCooperativeMinK also 128x256 ones) that covers at least 70%
-  // of the SMs, the one of more tiles (one_round_tile). Half the tiles of 128x128 or nearly, each
-  // reading its A rows once for more columns, with no second round. Measured on an H200 (bf16
-  // bias+ReLU, CUDA-graph replays; bench/NOTES.md sections 53-54):
+  // 128x144 or 128x192 tiles (from kMidCooperativeMinK also 128x256 ones, unless the stream-K rule
+  // applies) that covers at least 70% of the SMs, the one of more tiles (one_round_tile). Half the
+  // tiles of 128x128 or nearly, each reading its A rows once for more columns, with no second
+  // round. Measured on an H200 (bf16 bias+ReLU, CUDA-graph replays; bench/NOTES.md sections 53-54):
   //   - K >= 4096, over the 128x128 tiles: 128 tiles of 256, 1024 x 11008 -> 4096 and 1024 x 8192
   //     -> 4096 0.96x the cooperative tile's time, 2048 x 4096 -> 2048 0.94x, 1024 x 4096 -> 4096
   //     0.97x; 128-132 tiles of 192 where 256-wide ones make 96, 1024 x 4096 -> 3072 0.80x the
@@ -453,28 +464,19 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   //   - K = 1024-3072 (the 128x256 tiles tied the ping-pong 128x128 ones at best there): one round
   //     of 192-wide tiles 0.73-0.87x the time where the rule took the transposed 64x128 or the
   //     ping-pong 128x128 tiles over 1536-2048 rows, 0.97-1.02x over 512-1024 rows.
-  //   - K >= kStreamKMinK, ahead of the stream-K rule below: 768 x 8192 and 11008 -> 4096,
-  //     1024 x 8192 and 11008 -> 3072 0.87-0.91x the stream-K tile's time with 192-wide tiles,
-  //     2048 x 8192 -> 1536 0.81x; 1536 x 8192 -> 1536 0.91x with 144-wide ones.
+  //   - Where the stream-K rule applies: 768 x 8192 and 11008 -> 4096, 1024 x 8192 and 11008 ->
+  //     3072 0.87-0.91x the stream-K tile's time with 192-wide tiles, 2048 x 8192 -> 1536 0.81x;
+  //     1536 x 8192 -> 1536 0.91x with 144-wide ones. The 96 tiles of 256 there ran 1.07x the
+  //     stream-K tile's time (768 x 8192 and 11008 -> 4096), so where only those are built (a
+  //     row-major B, the aux output) stream-K stays.
   // Only past one round of 128x128 tiles: one round of them is fuller than any wider one.
   const GemmKernelEntry* mid_round =
       best_dp != nullptr && !tf32 && !only_transposed && M > kTransposedMaxM && !with_extk_twin && K >= kOneRoundMinK &&
               dp_tiles > sms && dp_tiles < 2 * int64_t(sms)
-          ? one_round_tile(cutlass, *best_dp, M, N, K, L, sms)
+          ? one_round_tile(cutlass, *best_dp, M, N, L, sms, K >= kMidCooperativeMinK && !stream_k_round)
           : nullptr;
   if (mid_round != nullptr) return mid_round;
-  // Between one and two waves of the preferred tiles with the second wave under half full and a
-  // long K, the stream-K config with the same tile spreads the last wave's K loops over every SM
-  // (split_k_factor returns 0 there: CUTLASS's stream-K decomposition). Measured on an H200
-  // (bf16, bench/NOTES.md section 12): 768 x 11008 -> 4096 108.7 us against 122.3 for the best
-  // data-parallel config, 768 x 8192 -> 4096 87.0 against 94.6; at K = 4096 the fix-up of the
-  // split tiles cost more than the balance gained (768 x 4096 x 4096: 55.4 against 49.4). One
-  // round of wider tiles (mid_round, above) comes first.
-  if (best_dp != nullptr && best_sk != nullptr && !only_transposed && !with_extk_twin && K >= kStreamKMinK &&
-      best_sk->tile_m == best_dp->tile_m && best_sk->tile_n == best_dp->tile_n && dp_tiles > sms &&
-      dp_tiles < 2 * int64_t(sms) && 2 * (dp_tiles - sms) < sms) {
-    return best_sk;
-  }
+  if (stream_k_round) return best_sk;
   // Between half a wave and two waves of the preferred tiles (M = 512-1024 against 4096-wide
   // weights), the forward has two more kernels: the cooperative config, whose CTAs keep both math
   // warpgroups on each tile where a ping-pong CTA has one tile for one of them, and the transposed
