@@ -113,11 +113,11 @@ MID_CONFIGS = (
 ONE_WAVE_CONFIGS = (
     GemmConfig(
         "128x144_2x1_coop", 128, 144, 2, 1, "Cooperative", "PersistentScheduler",
-        use="between one and two waves of 128x128 tiles, where 144-wide tiles fill one wave better",
+        use="one round between one and two of 128x128 tiles, or from two rounds where its rounds cost less",
     ),
     GemmConfig(
         "128x192_2x1_coop", 128, 192, 2, 1, "Cooperative", "PersistentScheduler",
-        use="between half a wave and two of 128x128 tiles, where one round of 192-wide tiles fills the SMs",
+        use="one round between one and two of 128x128 tiles (K >= 1024), where it covers more SMs than 144 or 256",
     ),
 )
 
