@@ -34,14 +34,14 @@ SHAPE_SETS = {
              for m in (2048, 8192, 32768, 65536)],
     # Few columns (the hand-written dot-product kernel's range, N <= 16) against K.
     "fewcols": [(m, k, n) for n in (1, 4, 8, 16) for k in (64, 256, 1024, 4096) for m in (2048, 65536)],
-    # bench/linear.py's squares below a few waves of 128x128 tiles, and products of that size with
-    # one long side.
     # Between one and two rounds of 128x128 tiles on 132 SMs, over K = 1024-11008: the products
     # that one round of 128x144, 128x192 or 128x256 tiles covers (bench/NOTES.md sections 53-54).
     "rounds": [(1024, 4096, 3072), (768, 4096, 4096), (1536, 4096, 2048), (1536, 4096, 1536), (1536, 1536, 1536),
                (1024, 4096, 4096), (2048, 2048, 1536), (1536, 3072, 2048), (1536, 2048, 2048), (2048, 1024, 1536),
                (1024, 3072, 3072), (512, 2048, 6144), (768, 11008, 4096), (768, 8192, 4096), (1024, 8192, 3072),
                (2048, 8192, 1536), (1536, 8192, 1536)],
+    # bench/linear.py's squares below a few waves of 128x128 tiles, and products of that size with
+    # one long side.
     "square": [(s, s, s) for s in (512, 1024, 1536, 2048, 3072)] + [(1024, 4096, 1024), (1024, 1024, 4096),
                                                                      (2048, 2048, 1024), (2048, 1024, 2048)],
 }

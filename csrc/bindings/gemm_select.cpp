@@ -486,9 +486,10 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // at 768 x 4096 x 4096 a 128x128 grid leaves its second wave 45% full and the 64x128 tiles
   // ran 1.05-1.19x faster.
   //
-  // A third: tiles of the same height but a width that is not a multiple of 64 (128x144), built to
-  // make one full wave where the others leave a second one mostly empty (1536^3 on 132 SMs: 132
-  // tiles against 144 of 128x128 and 288 of 64x128), taken on the same test after the others.
+  // A third: tiles of the same height between 128 and 256 wide (128x144, 128x192; the one of
+  // fuller last wave), built to make one full wave where the others leave a second one mostly
+  // empty (1536^3 on 132 SMs: 132 tiles of 144 against 144 of 128x128 and 288 of 64x128), taken on
+  // the same test after the others. From kOneRoundMinK past one round, mid_round comes first.
   // The cooperative tile is the base only over a long K (kMidCooperativeMinK) or with the aux
   // output; otherwise the preferred ping-pong tile, not its 2x2-cluster twin (1.24x slower at
   // 1024 x 1024 -> 4096).
