@@ -121,6 +121,12 @@ ONE_WAVE_CONFIGS = (
     ),
 )
 
+# The GELU/SiLU training forward (the aux output) has the 192-wide tile for the one-round rule:
+# with GELU on an H200 it took 0.79-0.83x the time of the 128x256 tiles the rule had at 1024 x 4096
+# -> 3072, 768 x 4096 -> 4096 and 1536 x 4096 -> 2048, and 0.87x the stream-K tile's at 768 x 8192
+# -> 4096 (bench/NOTES.md section 55). The 144-wide one serves only squares near 1536^3 and stays out.
+ONE_WAVE_AUX_CONFIGS = tuple(cfg for cfg in ONE_WAVE_CONFIGS if cfg.tile_n == 192)
+
 # The extended-K kernels (LoRA's rank-r term inside the main GEMM) come in the preferred
 # data-parallel config and, for 16-bit types, the wide 128x256 tile (all_kernels); products that
 # would take another config run the term separately.
@@ -426,7 +432,7 @@ def all_kernels() -> list[GemmKernel]:
                     kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 if dtype != "tf32" and (a, b) == ("k", "k"):
                     for cfg in (MID_CONFIGS if not aux else MID_CONFIGS[:1]) + WIDE_16BIT_CONFIGS + (
-                            ONE_WAVE_CONFIGS if not aux else ()):
+                            ONE_WAVE_CONFIGS if not aux else ONE_WAVE_AUX_CONFIGS):
                         kernels.append(GemmKernel("sm90", dtype, a, b, aux, cfg))
                 # Transposed kernels serve small-M products: the forward (its A' is the K-major
                 # weight) and dX = dY W (A' is the M-major weight); in both B' = the K-major rows.
