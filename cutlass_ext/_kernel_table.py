@@ -270,7 +270,13 @@ FFMA_CONFIG = HandWrittenConfig("ffma_64x128", "ffma", (64, 128),
 WGRAD_CONFIG = HandWrittenConfig("wgrad_256", "wgrad", (128, 16),
                                  use="fp32 plain products of an M-major A and an N-major B with M or N <= 16 "
                                      "(narrow layers' weight gradients)")
-HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG, FFMA_CONFIG, WGRAD_CONFIG)
+# Narrow outputs over many rows, 16-bit: N <= 64 with K <= 256 (a DLRM-style MLP's narrow layers
+# and their dX), all of N and K in one block, one batch of loads a block, mma.sync. Tile: rows of A
+# per block, the most columns.
+NARROW_CONFIG = HandWrittenConfig("narrow_64", "narrow", (64, 64),
+                                  use="16-bit, 4 < N <= 64, K <= 64 and N K <= 2048 from 512 rows (narrow MLP layers "
+                                      "and their dX); K <= 256 when forced")
+HAND_WRITTEN_CONFIGS = (LOWK_CONFIG, GEMV_CONFIG, FEWROWS_CONFIG, FFMA_CONFIG, WGRAD_CONFIG, NARROW_CONFIG)
 
 
 def all_configs() -> tuple:
@@ -299,7 +305,8 @@ B_LAYOUT = {"k": "cutlass::layout::ColumnMajor", "n": "cutlass::layout::RowMajor
 
 @dataclasses.dataclass(frozen=True)
 class GemmKernel:
-    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv", "fewrows", "ffma", "wgrad")
+    family: str  # "sm90" | "sm80" | "simt" | a hand-written family ("lowk", "gemv", "fewrows", "ffma", "wgrad",
+    # "narrow")
     dtype: str
     a_major: str  # "k" | "m"
     b_major: str  # "k" | "n"
@@ -510,6 +517,12 @@ def all_kernels() -> list[GemmKernel]:
     # Narrow weight gradients in fp32, under either policy (exact).
     for dtype in ("tf32", "f32"):
         kernels.append(GemmKernel("wgrad", dtype, "m", "n", False, WGRAD_CONFIG, plain=True))
+    # Narrow outputs, 16-bit: a K-major A; a K-major B (a layer's forward) or an N-major one (its
+    # dX = dZ W). One kernel reads both; each layout has its entry.
+    for dtype in ("bf16", "fp16"):
+        for b in "kn":
+            for aux in (False, True):
+                kernels.append(GemmKernel("narrow", dtype, "k", b, aux, NARROW_CONFIG))
     return kernels
 
 

@@ -118,6 +118,16 @@ def gemm_kernels_run(fn):
     return out, [n for n in names if "Gemm" in n or "gemm" in n]
 
 
+def narrow_kernel_takes(rows: int, k: int, n: int, b_major: str = "k") -> bool:
+    """Whether the GEMM heuristic (narrow_chosen in csrc/bindings/gemm_select.cpp) gives a 16-bit
+    product of depth k with n columns over ``rows`` rows, with a row-major A and a K- or N-major B
+    of adjacent rows, to the hand-written narrow kernel: past the few-column kernel's 4 columns,
+    n <= 64, k <= 64 and n k <= 2048, from 512 rows, where the kernel can read the operands in
+    place (k, and n for an N-major B, multiples of 8)."""
+    readable = k % 8 == 0 and (b_major == "k" or n % 8 == 0)
+    return 4 < n <= 64 and k <= 64 and n * k <= 2048 and rows >= 512 and readable
+
+
 def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     """The transposed 64-row tile width (16, 32, 64 or 128) the few-column rule of the GEMM heuristic
     (csrc/bindings/gemm_select.cpp) picks for a bf16 m x k -> n product on ``sms`` SMs, or None

@@ -14,8 +14,8 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
-from .helpers import (ROOT, aux_cooperative, compile_host_program, narrow_n_tile, one_round_tile_n,
-                      one_wave_tiles_take, wide_tile)
+from .helpers import (ROOT, aux_cooperative, compile_host_program, narrow_kernel_takes, narrow_n_tile,
+                      one_round_tile_n, one_wave_tiles_take, wide_tile)
 
 SMS = 132  # an H100 SXM / H200
 # Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
@@ -522,3 +522,15 @@ def test_short_k_fp32_kernel_takes_few_outputs_under_tf32(driver, exact, k, outp
 ])
 def test_few_column_kernel_takes_up_to_16_columns_in_fp32_over_few_rows(driver, fp32, exact, rows, n, expected):
     assert ask(driver, f"gemv {int(fp32)} {int(exact)} {rows} {n}") == str(int(expected))
+
+
+@pytest.mark.parametrize("rows,n,k,expected", [
+    (512, 16, 64, True), (511, 16, 64, False), (2**30, 16, 64, True),  # from 512 rows
+    (65536, 4, 64, False), (65536, 5, 64, True),                       # past the few-column kernel's 4 columns
+    (65536, 32, 64, True), (65536, 33, 64, False),                     # N K <= 2048
+    (65536, 64, 32, True), (65536, 64, 16, True), (65536, 72, 8, False),  # N <= 64
+    (65536, 16, 72, False), (65536, 16, 128, False),                   # K <= 64
+])
+def test_narrow_kernel_takes_narrow_short_products(driver, rows, n, k, expected):
+    assert ask(driver, f"narrow {rows} {n} {k}") == str(int(expected))
+    assert narrow_kernel_takes(rows, k, n) == expected  # the GPU tests' model of the rule

@@ -91,9 +91,12 @@ bool is_gemv(const GemmKernelEntry& e) { return std::strcmp(e.family, "gemv") ==
 bool is_fewrows(const GemmKernelEntry& e) { return std::strcmp(e.family, "fewrows") == 0; }
 bool is_ffma(const GemmKernelEntry& e) { return std::strcmp(e.family, "ffma") == 0; }
 bool is_wgrad(const GemmKernelEntry& e) { return std::strcmp(e.family, "wgrad") == 0; }
+bool is_narrow(const GemmKernelEntry& e) { return std::strcmp(e.family, "narrow") == 0; }
 // The hand-written kernels chosen before the others, on unpadded operands (few_column_kernel,
-// few_row_kernel, short_k_f32_kernel, narrow_gradient_kernel).
-bool is_direct(const GemmKernelEntry& e) { return is_gemv(e) || is_fewrows(e) || is_ffma(e) || is_wgrad(e); }
+// few_row_kernel, short_k_f32_kernel, narrow_gradient_kernel, narrow_kernel).
+bool is_direct(const GemmKernelEntry& e) {
+  return is_gemv(e) || is_fewrows(e) || is_ffma(e) || is_wgrad(e) || is_narrow(e);
+}
 
 // The kind of kernel a product needs (kernels_for): each flag but `plain` must match the entry's.
 struct KernelForm {
@@ -387,6 +390,36 @@ const GemmKernelEntry* narrow_gradient_kernel(DType dt, MathMode math, bool plai
   return runs ? entry : nullptr;
 }
 
+// Narrow outputs of 16-bit products over many rows: the hand-written kernel that holds all of N
+// and K in one block (gemm/narrow_gemm.cuh), or nullptr for the other kernels. It reads A, B and
+// the bias where they are and writes D unpadded, but needs a K-major A, a K- or N-major B, K (and
+// N for an N-major B) and the row strides multiples of 16 bytes, 16-byte aligned data, no C source
+// and no second product. Unforced, the products narrow_chosen gives it (gemm_select.h). The
+// config override forces it (an error where it cannot run) or excludes it.
+const GemmKernelEntry* narrow_kernel(DType dt, MathMode math, bool aux, const at::Tensor& a3, const at::Tensor& b3,
+                                     bool with_c_or_a2, const std::string& config) {
+  if (dt == DType::kF32) return nullptr;
+  const int64_t L = a3.size(0), M = a3.size(1), K = a3.size(2), N = b3.size(2);
+  if (config.empty() && !narrow_chosen(M * L, N, K)) return nullptr;
+  const Major b_major = major_along_k(b3.stride(1), K);
+  const auto [entry, forced] = direct_entry(is_narrow, dt, math, aux, b_major, config);
+  if (entry == nullptr) return nullptr;
+  const int64_t vec = 16 / int64_t(a3.element_size());
+  auto pieces = [&](const at::Tensor& t, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && stride % vec == 0 &&
+           (t.size(0) == 1 || t.stride(0) % vec == 0);
+  };
+  const bool b_ok = b_major == Major::kK ? pieces(b3, N == 1 ? 0 : b3.stride(2))
+                                         : b3.stride(2) == 1 && N % vec == 0 && pieces(b3, b3.stride(1));
+  const bool runs = N <= kNarrowMaxN && K <= kNarrowMaxK && L <= 65535 && !with_c_or_a2 && K % vec == 0 &&
+                    a3.stride(2) == 1 && b_ok && pieces(a3, M == 1 ? 0 : a3.stride(1));
+  CE_CHECK(runs || !forced, "config '", config, "' takes N <= ", kNarrowMaxN, " and K <= ", kNarrowMaxK,
+           ", a K-major A and a K- or N-major B (a unit stride along K or N), K (and N for an N-major B) and their "
+           "row strides multiples of 16 bytes, 16-byte aligned data and no C source; this product is ", M, " x ", K,
+           " -> ", N, " with A strides ", a3.strides(), " and B strides ", b3.strides());
+  return runs ? entry : nullptr;
+}
+
 // ---------------------------------------------------------------------------------------------
 // gemm: D = act(alpha * A @ B + C + bias), optionally also Aux = the pre-activation.
 // a: [M, K] or [L, M, K]; b: [K, N] or [L, K, N] (any strides); bias: [N] or None;
@@ -509,6 +542,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const MathMode math = (dt == DType::kF32 && opts.exact_f32) ? MathMode::kExactF32 : MathMode::kTensorOp;
   const GemmKernelEntry* direct = few_column_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
   if (direct == nullptr) direct = few_row_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
+  if (direct == nullptr) direct = narrow_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
   if (direct == nullptr) direct = short_k_f32_kernel(dt, math, aux, a3, b3, has_a2 || c3.defined(), opts.config);
   if (direct == nullptr) {
     const bool plain = !aux && !bias.has_value() && activation == int64_t(Activation::kNone);

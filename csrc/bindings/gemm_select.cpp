@@ -173,11 +173,19 @@ bool lowk_takes(int64_t K, int64_t M, int64_t L) {
 
 constexpr int64_t kGemv16BitChosenMaxN = 4;  // 16-bit types, and TF32 over many rows (gemm_select.h)
 constexpr int64_t kGemvF32MaxRows = 16384;     // TF32 products with 8, 12 or 16 columns up to here (gemm_select.h)
+constexpr int64_t kNarrowMinRows = 512;        // the narrow kernel from here,
+constexpr int64_t kNarrowChosenMaxK = 64;       // up to this K
+constexpr int64_t kNarrowChosenMaxNK = 2048;    // and N K (gemm_select.h)
 
 bool gemv_chosen(bool fp32, bool exact, int64_t rows, int64_t N) {
   if (N <= kGemv16BitChosenMaxN) return true;
   if (!fp32 || N > kGemvMaxN) return false;
   return exact || rows <= kGemvF32MaxRows || N % 4 != 0;
+}
+
+bool narrow_chosen(int64_t rows, int64_t N, int64_t K) {
+  return N > kGemv16BitChosenMaxN && N <= kNarrowMaxN && K <= kNarrowChosenMaxK && N * K <= kNarrowChosenMaxNK &&
+         rows >= kNarrowMinRows;
 }
 
 bool ffma_takes(bool exact, int64_t K, int64_t outputs, bool tiles_read_in_place) {

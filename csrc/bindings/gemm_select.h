@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gemm/gemm_params.h"
+#include "gemm/narrow_limits.h"
 
 namespace cutlass_ext {
 
@@ -34,6 +35,18 @@ bool runs_depth(const GemmKernelEntry& e, int64_t K);
 // ahead: 65536 x 64 -> 16 16.0 against 19.6 us, 65536 x 256 -> 16 29.9 against 47.0 (bench/NOTES.md
 // section 38).
 bool gemv_chosen(bool fp32, bool exact, int64_t rows, int64_t N);
+
+// Whether the hand-written narrow kernel (gemm/narrow_gemm.cuh) is the heuristic's choice for a
+// 16-bit product with N columns of depth K over `rows` = M L rows: past the few-column kernel's
+// N (4), K <= 64 and N K <= 2048, from 512 rows (narrow_kernel in bindings/gemm.cpp checks the
+// layout). Measured on an H200 (bf16, CUDA-graph replays, L2 zeroed before each; bench/NOTES.md
+// section 55), against the best CUTLASS tile: 65536 x 64 -> 16 12.4 us against 13.7 (the GELU
+// training forward 12.9 against 19.4), 65536 x 64 -> 32 12.9 against 13.7, dX = dZ W of that
+// 64 -> 16 layer (65536 x 16 -> 64) 11.8 against 13.7, 512-8192 rows 0.8-0.9x the tiles' time.
+// The kernel re-reads B for every 64 rows and runs each block's loads, products and stores one
+// after another: with more work a row it lost, 65536 x 128 -> 16 16.9 against 16.6, 65536 x 64
+// -> 64 16.4 against 13.9, 65536 x 256 -> 64 33.7 against 20.2.
+bool narrow_chosen(int64_t rows, int64_t N, int64_t K);
 
 // The short-K fp32 kernel on the FMA units (gemm/ffma_gemm.cuh) runs K <= kFfmaMaxK. Whether it
 // is the heuristic's choice for a product of depth K with `outputs` = M N L outputs:

@@ -14,6 +14,8 @@
 //     prints 1 where the short-K fp32 kernel is the heuristic's choice (ffma_takes), else 0;
 //   gemv <fp32> <exact> <rows> <N>
 //     prints 1 where the few-column kernel is the heuristic's choice (gemv_chosen), else 0;
+//   narrow <rows> <N> <K>
+//     prints 1 where the narrow kernel is the heuristic's choice (narrow_chosen), else 0;
 //   reset
 //     clears the candidates and the extended-K kernels.
 #include <array>
@@ -131,6 +133,11 @@ int main() {
       in >> fp32 >> exact >> rows >> N;
       if (bad(bool(in), "gemv line")) return 1;
       std::printf("%d\n", int(cutlass_ext::gemv_chosen(fp32 != 0, exact != 0, rows, N)));
+    } else if (what == "narrow") {
+      long long rows, N, K;
+      in >> rows >> N >> K;
+      if (bad(bool(in), "narrow line")) return 1;
+      std::printf("%d\n", int(cutlass_ext::narrow_chosen(rows, N, K)));
     } else if (what == "reset") {
       candidates.clear();
       extk.clear();

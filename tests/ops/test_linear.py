@@ -17,8 +17,8 @@ from cutlass_ext.ops import linear as linear_ops
 
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
-                       cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_n_tile,
-                       one_round_tile_n, one_wave_tiles_take, unit_in_last_place, wide_tile)
+                       cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_kernel_takes,
+                       narrow_n_tile, one_round_tile_n, one_wave_tiles_take, unit_in_last_place, wide_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -612,6 +612,8 @@ def _kernel_inputs(kernel, device):
         k = 13  # K <= 32, rows not in 16-byte pieces
     if kernel.family == "wgrad":
         m, k, n = 300, 3000, 13  # a narrow side <= 16 (N), a long K
+    if kernel.family == "narrow":
+        k, n = 72, 40  # N <= 64 (a partial 64-wide tile), K <= 256 (not a multiple of its 16-deep MMA step)
     if kernel.k_slices:
         k = 4096  # eight slices of 512 for 12 output tiles
     a_major, b_major = (kernel.b_major, kernel.a_major) if kernel.config.transposed else (kernel.a_major, kernel.b_major)
@@ -998,7 +1000,9 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     name, forced = heuristic_and_transposed_tiles(m, k, n)
     expected = narrow_n_tile(m, k, n, sms)
-    if expected is None:  # a long K keeps the other rules
+    if narrow_kernel_takes(m, k, n):  # the hand-written narrow kernel comes first
+        assert NARROW in name, name
+    elif expected is None:  # a long K keeps the other rules
         assert name not in forced.values(), name
     else:
         assert name == forced[expected], (name, expected)
@@ -1602,6 +1606,130 @@ def test_gemv_config_rejects_what_it_cannot_run():
     y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, config="gemv_n16"))
     assert len(names) == 1 and GEMV in names[0], names
     assert_close_to_reference(y, ref_linear(A, B, None, "none"), peer_linear(A, B, None, "none"), "bf16")
+
+
+# The narrow kernel (N <= 64, K <= 256, 16-bit): all of N and K in one block, one launch on the
+# operands where they are.
+NARROW = "narrow_gemm_kernel"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+@pytest.mark.parametrize("b_layout", ["weight_t", "kn"])
+# 17000 rows make 133 blocks of 128 rows: two 16-row tiles a warp on 132-SM GPUs, a partial last block.
+@pytest.mark.parametrize("m,k,n", [(4099, 64, 16), (1, 16, 24), (300, 8, 8), (129, 256, 64), (1000, 72, 40),
+                                   (65, 200, 48), (17000, 40, 24), (20000, 256, 64)])
+def test_narrow_kernel(dtype_name, b_layout, m, k, n):
+    dtype = DTYPES[dtype_name]
+    A = rand(m, k, device="cuda", dtype=dtype)
+    B = make_b(k, n, b_layout, "cuda", dtype)
+    bias = rand(n, device="cuda", dtype=dtype)
+    (y, aux), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True, "narrow_64"))
+    peer_z = peer_linear(A, B, bias, "none")
+    # One launch: no padded copies of A, B, the bias or the output.
+    assert len(names) == 1 and NARROW in names[0], names
+    assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, dtype_name, what="aux")
+    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), dtype_name)
+    # Without bias or activation (a dX = dZ W), and every activation without the aux output.
+    y, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B, config="narrow_64"))
+    assert len(names) == 1 and NARROW in names[0], names
+    assert_close_to_reference(y, A.double() @ B.double(), torch.matmul(A, B), dtype_name)
+    for act in ACTS:
+        y, _ = torch.ops.cutlass_ext.linear(A, B, bias, act, False, "narrow_64")
+        assert_close_to_reference(y, ref_linear(A, B, bias, act), peer_linear(A, B, bias, act), dtype_name, what=act)
+
+
+@requires_cuda
+@pytest.mark.parametrize("a_layout", ["offset", "rows"])
+def test_narrow_kernel_views(a_layout):
+    # A row stride that is a multiple of 16 bytes (every other row) is read in place; one that is
+    # not (rows starting one element in) cannot run on this kernel: the forced config says why.
+    A = _a_layout(700, 64, a_layout, torch.bfloat16)
+    B = make_b(64, 16, "weight_t", "cuda", torch.bfloat16)
+    bias = rand(16, device="cuda", dtype=torch.bfloat16)
+    if a_layout == "offset":
+        with pytest.raises(RuntimeError, match="config 'narrow_64' takes N <= 64 and K <= 256, a K-major A"):
+            cutlass_ext.linear(A, B, bias, relu=True, config="narrow_64")
+        return
+    y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, B, bias, relu=True, config="narrow_64"))
+    assert len(names) == 1 and NARROW in names[0], names
+    assert_close_to_reference(y, ref_linear(A, B, bias, "relu"), peer_linear(A, B, bias, "relu"), "bf16")
+
+
+@requires_cuda
+@pytest.mark.parametrize("shared_b", [False, True])
+def test_narrow_kernel_batched(shared_b):
+    A = rand(3, 130, 72, device="cuda", dtype=torch.float16)
+    B = make_b(72, 24, "kn", "cuda", torch.float16)
+    B = B.expand(3, 72, 24) if shared_b else torch.stack([B, 2 * B, -B])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUTLASS_EXT_GEMM_CONFIG", "narrow_64")
+        check_batched_on_one_kernel(A, B, NARROW, "fp16")
+
+
+@requires_cuda
+@pytest.mark.parametrize("m,k,n", [(65536, 64, 16), (512, 64, 16), (511, 64, 16), (8192, 64, 32), (8192, 64, 33),
+                                   (8192, 32, 64), (8192, 128, 16), (8192, 64, 8), (8192, 64, 4), (8192, 72, 8)])
+def test_narrow_heuristic(m, k, n):
+    # N <= 64, K <= 64 and N K <= 2048 from 512 rows, as the forward of a layer (a K-major B) and as
+    # dX = dZ W of a layer n -> k (an N-major B).
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
+    y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, relu=True))
+    assert any(NARROW in name for name in names) == narrow_kernel_takes(m, k, n), names
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
+    dZ = rand(m, n, device="cuda", dtype=torch.bfloat16)
+    dX, names = cuda_kernels_run(lambda: cutlass_ext.matmul(dZ, W))
+    assert any(NARROW in name for name in names) == narrow_kernel_takes(m, n, k, b_major="n"), names
+    assert_close_to_reference(dX, dZ.double() @ W.double(), dZ @ W, "bf16")
+
+
+@requires_cuda
+def test_narrow_kernel_gradients():
+    # A 64 -> 32 GELU layer over 20000 rows in training: the forward (with the pre-activation) and
+    # dX = dZ W on the narrow kernel; gradients against float64.
+    A = rand(20000, 64, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    W = rand(32, 64, device="cuda", dtype=torch.bfloat16, scale=1 / 8).requires_grad_()
+    bias = rand(32, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    dy = rand(20000, 32, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        y = cutlass_ext.linear(A, W.t(), bias, activation="gelu")
+        y.backward(dy)
+        return y
+
+    y, names = cuda_kernels_run(step)
+    assert sum(NARROW in n for n in names) == 2, names
+    A64, W64, b64 = (t.detach().double().requires_grad_() for t in (A, W, bias))
+    y64 = F.gelu(A64 @ W64.t() + b64)
+    y64.backward(dy.double())
+    Ap, Wp, bp = (t.detach().clone().requires_grad_() for t in (A, W, bias))
+    yp = F.gelu(F.linear(Ap, Wp, bp))
+    yp.backward(dy)
+    assert_close_to_reference(y, y64, yp, "bf16")
+    for ours, ref, peer, what in ((A.grad, A64.grad, Ap.grad, "dA"), (W.grad, W64.grad, Wp.grad, "dW"),
+                                  (bias.grad, b64.grad, bp.grad, "dbias")):
+        assert_close_to_reference(ours, ref, peer, "bf16", what=what)
+
+
+@requires_cuda
+def test_narrow_config_rejects_what_it_cannot_run():
+    A = rand(64, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="config 'narrow_64' takes N <= 64 and K <= 256"):
+        cutlass_ext.linear(A, make_b(64, 72, "weight_t", "cuda", torch.bfloat16), config="narrow_64")
+    with pytest.raises(RuntimeError, match="config 'narrow_64' takes N <= 64 and K <= 256"):
+        cutlass_ext.linear(rand(64, 264, device="cuda", dtype=torch.bfloat16),
+                           make_b(264, 16, "weight_t", "cuda", torch.bfloat16), config="narrow_64")
+    with pytest.raises(RuntimeError, match="K \\(and N for an N-major B\\) and their row strides multiples of 16"):
+        cutlass_ext.linear(rand(64, 13, device="cuda", dtype=torch.bfloat16),
+                           make_b(13, 16, "weight_t", "cuda", torch.bfloat16), config="narrow_64")
+    # A C source (an in-place weight merge: W [64, 16] += s * lora_B [64, 8] @ lora_A [8, 16]).
+    W = rand(64, 16, device="cuda", dtype=torch.bfloat16)
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(RuntimeError, match="no C source"):
+        mp.setenv("CUTLASS_EXT_GEMM_CONFIG", "narrow_64")
+        torch.ops.cutlass_ext.lora_merge(W, rand(8, 16, device="cuda", dtype=torch.bfloat16),
+                                         rand(64, 8, device="cuda", dtype=torch.bfloat16), 0.5)
 
 
 # The short-K kernel on operands that would otherwise be copied (K or a stride not a multiple of
