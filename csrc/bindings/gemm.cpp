@@ -296,6 +296,22 @@ const GemmKernelEntry* few_column_kernel(DType dt, MathMode math, bool aux, cons
   return runs ? entry : nullptr;  // forced, or unforced with N within the rule above
 }
 
+// Whether a kernel can read operand t [L, X, Y] in 16-byte pieces along rows `stride` elements
+// apart: 16-byte aligned data, the row and batch strides multiples of 16 bytes.
+bool in_16_byte_pieces(const at::Tensor& t, int64_t stride) {
+  const int64_t vec = 16 / int64_t(t.element_size());
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && stride % vec == 0 &&
+         (t.size(0) == 1 || t.stride(0) % vec == 0);
+}
+
+// The same for B [L, K, N] along its unit stride: K-major rows of a weight, or N-major rows (N a
+// multiple of 16 bytes too).
+bool b_in_16_byte_pieces(const at::Tensor& b3, Major b_major) {
+  const int64_t N = b3.size(2), vec = 16 / int64_t(b3.element_size());
+  return b_major == Major::kK ? in_16_byte_pieces(b3, N == 1 ? 0 : b3.stride(2))
+                              : b3.stride(2) == 1 && N % vec == 0 && in_16_byte_pieces(b3, b3.stride(1));
+}
+
 // Few rows of fp32 against a weight (decode steps, small batches) with TF32 allowed: the
 // hand-written stream over the weight (gemm/fewrows_gemm.cuh), or nullptr for the other kernels.
 // It reads A, B and the bias where they are and writes D unpadded, but needs a K-major A, a K- or
@@ -329,14 +345,8 @@ const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const a
   const auto [entry, forced] = direct_entry(is_fewrows, dt, math, aux, b_major, config);
   if (entry == nullptr) return nullptr;
   const int64_t vec = 16 / int64_t(a3.element_size());
-  auto pieces = [&](const at::Tensor& t, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && stride % vec == 0 &&
-           (t.size(0) == 1 || t.stride(0) % vec == 0);
-  };
-  const bool b_ok = b_k_major ? pieces(b3, N == 1 ? 0 : b3.stride(2))
-                              : b3.stride(2) == 1 && N % vec == 0 && pieces(b3, b3.stride(1));
-  const bool runs = M <= kFewRowsMaxM && !with_c_or_a2 && K % vec == 0 && a3.stride(2) == 1 && b_ok &&
-                    pieces(a3, M == 1 ? 0 : a3.stride(1));
+  const bool runs = M <= kFewRowsMaxM && !with_c_or_a2 && K % vec == 0 && a3.stride(2) == 1 &&
+                    b_in_16_byte_pieces(b3, b_major) && in_16_byte_pieces(a3, M == 1 ? 0 : a3.stride(1));
   CE_CHECK(runs || !forced, "config '", config, "' takes M <= ", kFewRowsMaxM,
            ", a K-major A and a K- or N-major B (a unit stride along K or N), K (and N for an N-major B) and their "
            "row strides multiples of 16 bytes, 16-byte aligned data and no C source; this product is ", M, " x ", K,
@@ -405,14 +415,9 @@ const GemmKernelEntry* narrow_kernel(DType dt, MathMode math, bool aux, const at
   const auto [entry, forced] = direct_entry(is_narrow, dt, math, aux, b_major, config);
   if (entry == nullptr) return nullptr;
   const int64_t vec = 16 / int64_t(a3.element_size());
-  auto pieces = [&](const at::Tensor& t, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && stride % vec == 0 &&
-           (t.size(0) == 1 || t.stride(0) % vec == 0);
-  };
-  const bool b_ok = b_major == Major::kK ? pieces(b3, N == 1 ? 0 : b3.stride(2))
-                                         : b3.stride(2) == 1 && N % vec == 0 && pieces(b3, b3.stride(1));
   const bool runs = N <= kNarrowMaxN && K <= kNarrowMaxK && L <= 65535 && !with_c_or_a2 && K % vec == 0 &&
-                    a3.stride(2) == 1 && b_ok && pieces(a3, M == 1 ? 0 : a3.stride(1));
+                    a3.stride(2) == 1 && b_in_16_byte_pieces(b3, b_major) &&
+                    in_16_byte_pieces(a3, M == 1 ? 0 : a3.stride(1));
   CE_CHECK(runs || !forced, "config '", config, "' takes N <= ", kNarrowMaxN, " and K <= ", kNarrowMaxK,
            ", a K-major A and a K- or N-major B (a unit stride along K or N), K (and N for an N-major B) and their "
            "row strides multiples of 16 bytes, 16-byte aligned data and no C source; this product is ", M, " x ", K,

@@ -1548,12 +1548,19 @@ def test_gemv_kernel_gradients():
     dy = rand(777, 1, device="cuda", dtype=torch.bfloat16)
     y = cutlass_ext.linear(A, W.t(), bias, activation="silu")
     y.backward(dy)
+    check_layer_against_float64(y, A, W, bias, dy, F.silu)
+
+
+def check_layer_against_float64(y, A, W, bias, dy, act):
+    """y = act(A W^T + bias) and the gradients that y.backward(dy) left in A, W and bias (bf16)
+    match float64, with torch's own layer as the peer."""
     A64, W64, b64 = (t.detach().double().requires_grad_() for t in (A, W, bias))
-    y64 = F.silu(A64 @ W64.t() + b64)
+    y64 = act(A64 @ W64.t() + b64)
     y64.backward(dy.double())
     Ap, Wp, bp = (t.detach().clone().requires_grad_() for t in (A, W, bias))
-    F.silu(F.linear(Ap, Wp, bp)).backward(dy)
-    assert_close_to_reference(y, y64, F.silu(F.linear(Ap, Wp, bp)), "bf16")
+    yp = act(F.linear(Ap, Wp, bp))
+    yp.backward(dy)
+    assert_close_to_reference(y, y64, yp, "bf16")
     for ours, ref, peer, what in ((A.grad, A64.grad, Ap.grad, "dA"), (W.grad, W64.grad, Wp.grad, "dW"),
                                   (bias.grad, b64.grad, bp.grad, "dbias")):
         assert_close_to_reference(ours, ref, peer, "bf16", what=what)
@@ -1701,16 +1708,7 @@ def test_narrow_kernel_gradients():
 
     y, names = cuda_kernels_run(step)
     assert sum(NARROW in n for n in names) == 2, names
-    A64, W64, b64 = (t.detach().double().requires_grad_() for t in (A, W, bias))
-    y64 = F.gelu(A64 @ W64.t() + b64)
-    y64.backward(dy.double())
-    Ap, Wp, bp = (t.detach().clone().requires_grad_() for t in (A, W, bias))
-    yp = F.gelu(F.linear(Ap, Wp, bp))
-    yp.backward(dy)
-    assert_close_to_reference(y, y64, yp, "bf16")
-    for ours, ref, peer, what in ((A.grad, A64.grad, Ap.grad, "dA"), (W.grad, W64.grad, Wp.grad, "dW"),
-                                  (bias.grad, b64.grad, bp.grad, "dbias")):
-        assert_close_to_reference(ours, ref, peer, "bf16", what=what)
+    check_layer_against_float64(y, A, W, bias, dy, F.gelu)
 
 
 @requires_cuda
