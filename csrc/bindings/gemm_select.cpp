@@ -125,6 +125,9 @@ int cluster_along_n(const GemmKernelEntry& e) {
   return e.transposed ? cm : cn;
 }
 
+// Rounds of `tiles` output tiles over `sms` SMs (a persistent grid's busiest CTA runs this many).
+int64_t rounds_over(int64_t tiles, int sms) { return (tiles + sms - 1) / sms; }
+
 // Whether the caller's N columns fit one column tile of `e` (its tile_m for a transposed config)
 // while its cluster spans more than one: the cluster's other CTAs then compute zero-filled
 // columns, half or more of the grid's work.
@@ -238,7 +241,7 @@ const GemmKernelEntry* fewest_round_columns(const std::vector<const GemmKernelEn
   int64_t pick_cost = 0;
   for (const GemmKernelEntry* e : kernels) {
     if (!e->transposed || e->stream_k || e->tile_m != like.tile_m || e->tile_n < kRoundsMinTileN) continue;
-    const int64_t rounds = (output_tiles(*e, M, N, L) + sms - 1) / sms;
+    const int64_t rounds = rounds_over(output_tiles(*e, M, N, L), sms);
     const int64_t cost = rounds * e->tile_n;
     if (pick == nullptr || cost < pick_cost || (cost == pick_cost && e->tile_n > pick->tile_n)) {
       pick = e;
@@ -448,6 +451,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     if (slot == nullptr) slot = e;
   }
   const int64_t dp_tiles = best_dp != nullptr ? output_tiles(*best_dp, M, N, L) : 0;
+  const int64_t dp_rounds = best_dp != nullptr ? rounds_over(dp_tiles, sms) : 0;
   // Between one and two waves of the preferred tiles with the second wave under half full and a
   // long K, the stream-K config with the same tile spreads the last wave's K loops over every SM
   // (split_k_factor returns 0 there: CUTLASS's stream-K decomposition). Measured on an H200
@@ -504,7 +508,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin) {
     auto last_wave_fill = [&](const GemmKernelEntry& e) {
       const int64_t tiles = output_tiles(e, M, N, L);
-      return double(tiles) / double((tiles + sms - 1) / sms * sms);
+      return double(tiles) / double(rounds_over(tiles, sms) * sms);
     };
     const GemmKernelEntry* coop = nullptr;
     const GemmKernelEntry* narrow = nullptr;
@@ -535,11 +539,11 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // preferred tile's by kOneWaveMaxAreaPct: 3072 x 3072 -> 1536 takes 2 rounds of them (264 tiles)
   // against 3 of 128x128 ones (288). (Not the 128x192 tiles: at equal rounds times area they ran
   // 1.03-1.10x the ping-pong 128x128 tiles' time, bench/NOTES.md section 54.)
-  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin && dp_tiles >= 2 * int64_t(sms)) {
+  if (best_dp != nullptr && !only_transposed && M > kTransposedMaxM && !with_extk_twin &&
+      dp_tiles >= 2 * int64_t(sms)) {
     for (const GemmKernelEntry* e : cutlass) {
       if (!is_one_wave_tile(*e) || e->tile_m != best_dp->tile_m || e->tile_n != 144) continue;
-      const int64_t tiles = output_tiles(*e, M, N, L);
-      const int64_t rounds = (tiles + sms - 1) / sms, dp_rounds = (dp_tiles + sms - 1) / sms;
+      const int64_t rounds = rounds_over(output_tiles(*e, M, N, L), sms);
       if (rounds * e->tile_m * e->tile_n * 100 <= dp_rounds * best_dp->tile_m * best_dp->tile_n * kOneWaveMaxAreaPct) {
         return e;
       }
@@ -621,7 +625,7 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       const int64_t area = e->tile_m * e->tile_n, dp_area = best_dp->tile_m * best_dp->tile_n;
       if (e->transposed || e->stream_k || area <= dp_area || is_one_wave_tile(*e)) continue;
       const int64_t tiles = output_tiles(*e, M, N, L);
-      const int64_t rounds = (tiles + sms - 1) / sms, dp_rounds = (dp_tiles + sms - 1) / sms;
+      const int64_t rounds = rounds_over(tiles, sms);
       if (2 * tiles >= 3 * int64_t(sms) && rounds * area * 100 <= dp_rounds * dp_area * (100 + kWideGainPct) &&
           (!with_extk_twin || has_extk_twin(*e))) {
         return e;
