@@ -160,6 +160,14 @@ int gemm_arch_for(const GemmOptions& opts, int device) {
 }
 
 constexpr int64_t kLowKUnalignedMaxRows = 32768;  // see gemm_op
+// Development switch of this branch: CUTLASS_EXT_LOWK_MAX_ROWS replaces kLowKUnalignedMaxRows.
+int64_t lowk_unaligned_max_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("CUTLASS_EXT_LOWK_MAX_ROWS");
+    return v != nullptr ? int64_t(std::atoll(v)) : kLowKUnalignedMaxRows;
+  }();
+  return rows;
+}
 
 // The kernel of a forced config (GemmOptions::config) among the candidates.
 const GemmKernelEntry* forced_kernel(const std::vector<const GemmKernelEntry*>& candidates,
@@ -588,7 +596,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const bool a_readable = as_matrix(a3, align, va), b_readable = as_matrix(b3, align, vb);
   const bool unaligned_operands = Kp != K || !a_readable || !b_readable;
   if (unaligned_operands && math == MathMode::kTensorOp && a.element_size() == 2 && !has_a2 && Np == N &&
-      M * L <= kLowKUnalignedMaxRows && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
+      M * L <= lowk_unaligned_max_rows() && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
     const int arch = gemm_arch_for(opts, a.device().index());
     const GemmKernelEntry* lowk = nullptr;
     KernelForm form;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_runtime_api.h>
 
@@ -37,12 +38,30 @@ constexpr int kAccRow = kTileN + 8;   // fp32 staging rows
 constexpr int kAElems = kTileM * kKRow > kMaxK * kARow ? kTileM * kKRow : kMaxK * kARow;
 constexpr int kBElems = kTileN * kKRow > kMaxK * kBRow ? kTileN * kKRow : kMaxK * kBRow;
 constexpr int kCElems = kTileM * kTileN;
-// Dynamic shared memory: the fp32 staging tile, the B tile, two A tiles and (with C) two C tiles.
+// Dynamic shared memory: the fp32 staging tile, the B tile, two A tiles, the bias of B's columns,
+// (with C) two C tiles and (with a packed A, below) two A tiles as they lie in memory.
 constexpr int kBOffset = kTileM * kAccRow * 4;
 constexpr int kAOffset = kBOffset + kBElems * 2;
-constexpr int kCOffset = kAOffset + 2 * kAElems * 2;
+constexpr int kBiasOffset = kAOffset + 2 * kAElems * 2;
+constexpr int kCOffset = kBiasOffset + kTileN * 2;
 constexpr int kSharedBytesNoC = kCOffset;
 constexpr int kSharedBytesWithC = kCOffset + 2 * kCElems * 2;
+
+// How a block copies its operand tiles: all in 16-byte pieces in their own layout (kVector);
+// a packed operand (below) copied as one contiguous run of 16-byte pieces and spread into the
+// K-major tile in shared memory, the other in 16-byte pieces (kPacked); or element by element
+// (kElementwise).
+// A packed operand is K-major with a row stride of exactly K (a contiguous [lines, K] matrix,
+// such as a 13-feature input layer's X and weight), so that a tile of lines is one contiguous
+// run of memory, and that run starts on 16 bytes (the operand 16-byte aligned: tiles start at
+// line multiples of 64, 64 K elements being a multiple of 16 bytes).
+constexpr int kVector = 0, kPacked = 1, kElementwise = 2;
+// Development switch CUTLASS_EXT_LOWK_PACKED for an A/B: 0 copies packed operands element by
+// element as before, 2 runs the packed path at two blocks an SM (ptxas keeps it in registers)
+// instead of three (80 registers, some spilled).
+constexpr int kPacked2 = 3;
+// Elements of one raw (as-in-memory) A tile of a packed A: kTileM K, rounded to 16 bytes.
+__host__ __device__ constexpr int raw_a_elems(int K) { return (kTileM * K + kVec - 1) / kVec * kVec; }
 // The epilogue gives each lane 8 adjacent columns (16-byte accesses to C and D): 16 lanes per
 // row, 16 rows per pass, 4 passes. A lane reads its 8 fp32 sums as two 16-byte chunks of the
 // staging row, the even chunk first in lanes 0-3 of each group of 8 and the odd one first in
@@ -102,6 +121,34 @@ __device__ __forceinline__ void copy_operand(T* dst, const T* src, int64_t strid
   }
 }
 
+// The first `bytes` (0-16) of 16 bytes copied, the rest of the piece zero-filled (`gmem` 16-byte
+// aligned; no byte past gmem + bytes is read).
+__device__ __forceinline__ void cp_async_16_first(void* smem, const void* gmem, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(bytes));
+}
+
+// Starts copying a packed operand's tile (lines line0 .. line0 + kLines - 1 of a contiguous
+// [lines, K] matrix, `src` pointing at line0) into `raw` as it lies in memory: the first
+// valid_lines K elements, in 16-byte pieces, the piece that crosses their end zero-filled past it.
+template <class T, int kLines>
+__device__ __forceinline__ void copy_packed(T* raw, const T* src, int valid_lines, int K) {
+  const int bytes = max(valid_lines, 0) * K * int(sizeof(T));
+  for (int i = threadIdx.x; 16 * i < bytes; i += kThreads) {
+    cp_async_16_first(raw + i * kVec, src + i * kVec, min(16, bytes - 16 * i));
+  }
+}
+
+// Spreads a raw tile (copy_packed's) into the K-major tile [line][k] (kKRow a row) that the MMAs
+// read, zero past valid_lines and K.
+template <class T, int kLines>
+__device__ __forceinline__ void spread_packed(T* dst, const T* raw, int valid_lines, int K, int k_pad) {
+  for (int e = threadIdx.x; e < kLines * k_pad; e += kThreads) {
+    const int line = e / k_pad, k = e - line * k_pad;
+    dst[line * kKRow + k] = line < valid_lines && k < K ? raw[line * K + k] : T(0.f);
+  }
+}
+
 // An output tile: batch l, row tile and column tile, walked M fastest, then N, then L. A block
 // divides once, for its first tile, and steps from there: ncu showed the kernel issue-bound
 // (an instruction issued on 72% of cycles) when every tile's position came from 64-bit divisions.
@@ -120,16 +167,27 @@ struct TileCursor {
 
 // kAct: the activation, a template parameter so that each instantiation inlines only its own
 // (a run-time switch over all of them, unrolled over the epilogue, overflowed the instruction
-// cache: 36% of the stalls on an H200). kElementwise: an operand is copied element by element
-// (its own instantiation: compiled into every kernel, that path made ptxas spill at 80 registers).
-template <class T, int kAct, bool kElementwise>
-__global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major,
-                                                                bool a_vector, bool b_vector) {
+// cache: 36% of the stalls on an H200). kCopy: how the operand tiles are copied (kVector,
+// kPacked or kElementwise, each its own instantiation: compiled into every kernel, the element-wise
+// path made ptxas spill at 80 registers).
+template <class T, int kAct, int kCopy>
+__global__ void __launch_bounds__(kThreads, kCopy == kPacked2 ? 2 : 3) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major,
+                                                                bool a_vector, bool b_vector, bool a_packed,
+                                                                bool b_packed) {
+  constexpr bool kByElement = kCopy == kElementwise;
+  constexpr bool kSpreads = kCopy == kPacked || kCopy == kPacked2;
   extern __shared__ __align__(16) unsigned char shared[];
   auto staged = reinterpret_cast<float (*)[kAccRow]>(shared);
   T* const b_tile = reinterpret_cast<T*>(shared + kBOffset);
   T* const a_tiles = reinterpret_cast<T*>(shared + kAOffset);
   T* const c_tiles = reinterpret_cast<T*>(shared + kCOffset);
+  T* const bias_tile = reinterpret_cast<T*>(shared + kBiasOffset);
+  // Raw tiles of packed operands: B's in the staging tile's space (B is copied and spread
+  // between a tile's epilogue and the next product, when the staging tile is free), A's two
+  // after everything else.
+  T* const b_raw = reinterpret_cast<T*>(shared);
+  T* const a_raws = reinterpret_cast<T*>(shared + (p.C != nullptr ? kSharedBytesWithC : kSharedBytesNoC));
+  const bool a_spread = kSpreads && a_packed, b_spread = kSpreads && b_packed;
 
   const int tiles_m = (p.M + kTileM - 1) / kTileM, tiles_n = (p.N + kTileN - 1) / kTileN;
   const int64_t per_batch = int64_t(tiles_m) * tiles_n, total = per_batch * p.L;
@@ -152,8 +210,12 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
     const int64_t l = at.l;
     const int m0 = at.m_tile * kTileM, n0 = at.n_tile * kTileN;
     const T* A = static_cast<const T*>(p.A) + l * p.a_stride_l + int64_t(m0) * p.a_stride_m;
-    copy_operand<T, kTileM, kARow, kElementwise>(a_tiles + buf * kAElems, A, p.a_stride_m, p.a_stride_k, a_k_major,
+    if (a_spread) {
+      copy_packed<T, kTileM>(a_raws + buf * raw_a_elems(p.K), A, p.M - m0, p.K);
+    } else {
+      copy_operand<T, kTileM, kARow, kByElement>(a_tiles + buf * kAElems, A, p.a_stride_m, p.a_stride_k, a_k_major,
                                                  a_vector, p.M - m0, p.K, k_pad);
+    }
     if (C != nullptr && e_col < p.N - n0) {
       const T* c_row = C + l * p.c_stride_l + int64_t(m0 + e_row) * p.c_stride_m + n0 + e_col;
       T* c_dst = c_tiles + buf * kCElems + e_row * kTileN + e_col;
@@ -168,8 +230,20 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   };
   auto copy_b = [&](int64_t l, int n0) {
     const T* B = static_cast<const T*>(p.B) + l * p.b_stride_l + int64_t(n0) * p.b_stride_n;
-    copy_operand<T, kTileN, kBRow, kElementwise>(b_tile, B, p.b_stride_n, p.b_stride_k, b_k_major, b_vector,
+    if (b_spread) {
+      copy_packed<T, kTileN>(b_raw, B, p.N - n0, p.K);
+    } else {
+      copy_operand<T, kTileN, kBRow, kByElement>(b_tile, B, p.b_stride_n, p.b_stride_k, b_k_major, b_vector,
                                                  p.N - n0, p.K, k_pad);
+    }
+    // The bias of these columns, with B: the epilogue reads it from shared memory instead of
+    // waiting on a load of its own after the product (N is a multiple of kVec). Not in the
+    // vector path, which these registers would make spill at 80 (the epilogue loads it there).
+    if (kCopy != kVector && threadIdx.x < kTileN / kVec) {
+      const int c = n0 + int(threadIdx.x) * kVec;
+      const bool valid = p.bias != nullptr && c < p.N;
+      cp_async_16_or_zero(bias_tile + threadIdx.x * kVec, valid ? static_cast<const T*>(p.bias) + c : B, valid);
+    }
   };
 
   int b_l = tile.l, b_n0 = tile.n_tile * kTileN;
@@ -179,14 +253,16 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
   // ldmatrix rows of this lane: lane l addresses row l % 8 of matrix l / 8.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp / 4, wn = warp % 4, q_lo = (lane >> 3) & 1, q_hi = lane >> 4, row8 = lane & 7;
-  for (int64_t t = begin; t < end; ++t, tile.next(tiles_m, tiles_n)) {
-    const int buf = int((t - begin) & 1);
+  const int count = int(end - begin);  // a block's tiles (run() takes fewer than 2^31 in all)
+  for (int step = 0; step < count; ++step, tile.next(tiles_m, tiles_n)) {
+    const int buf = step & 1;
     const int64_t l = tile.l;
     const int m0 = tile.m_tile * kTileM, n0 = tile.n_tile * kTileN;
     // Tile t's copies have landed, and every thread is past tile t-1 (its multiply read the
     // other A buffer and the B tile, its epilogue the staging tile and the other C buffer).
     cp_async_wait_all();
     __syncthreads();
+    bool b_landed = step == 0;
     if (l != b_l || n0 != b_n0) {  // the range moved on to the next column of tiles
       copy_b(l, n0);
       cp_async_commit();
@@ -194,8 +270,16 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
       __syncthreads();
       b_l = l;
       b_n0 = n0;
+      b_landed = true;
     }
-    if (t + 1 < end) {
+    if (kSpreads) {  // raw tiles into the MMAs' layout
+      if (b_spread && b_landed) spread_packed<T, kTileN>(b_tile, b_raw, p.N - n0, p.K, k_pad);
+      if (a_spread) {
+        spread_packed<T, kTileM>(a_tiles + buf * kAElems, a_raws + buf * raw_a_elems(p.K), p.M - m0, p.K, k_pad);
+      }
+      __syncthreads();
+    }
+    if (step + 1 < count) {
       TileCursor following = tile;
       following.next(tiles_m, tiles_n);
       copy_a_and_c(following, buf ^ 1);
@@ -248,7 +332,11 @@ __global__ void __launch_bounds__(kThreads, 3) lowk_gemm_kernel(GemmParams p, bo
     const int rows = min(kTileM, p.M - m0), cols = min(kTileN, p.N - n0);
     if (e_col < cols) {
       float bias[kVec] = {};
-      if (p.bias != nullptr) load_vec<T, kVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
+      if (kCopy != kVector) {
+        load_vec<T, kVec>(bias_tile + e_col, bias);
+      } else if (p.bias != nullptr) {
+        load_vec<T, kVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
+      }
       const float alpha = p.alpha, beta = p.beta;
       const bool odd_first = (threadIdx.x >> 2) & 1;
       // Row pointers stepped per pass (the aux one only when there is an aux output).
@@ -311,15 +399,33 @@ struct GemmBundle {
     const bool b_vector = aligned16(p.B) && (p.L == 1 || ok(p.b_stride_l)) &&
                           (b_k_major ? p.b_stride_k == 1 && p.K % kVec == 0 && ok(p.b_stride_n)
                                      : p.b_stride_n == 1 && p.N % kVec == 0 && ok(p.b_stride_k));
+    static const int packed_env = [] {
+      const char* v = std::getenv("CUTLASS_EXT_LOWK_PACKED");
+      return v != nullptr ? v[0] - '0' : 1;
+    }();
+    const bool packed2 = packed_env == 2;
+    // Packed operands (see kPacked): contiguous K-major [lines, K] matrices, 16-byte aligned,
+    // batches 16 bytes apart.
+    auto packed = [&](const void* ptr, int64_t stride_line, int64_t stride_k, int64_t stride_l, int64_t lines) {
+      return (p.K == 1 || stride_k == 1) && (lines == 1 || stride_line == p.K) && aligned16(ptr) &&
+             (p.L == 1 || ok(stride_l));
+    };
+    const bool a_packed = packed_env != 0 && !a_vector && packed(p.A, p.a_stride_m, p.a_stride_k, p.a_stride_l, p.M);
+    const bool b_packed = packed_env != 0 && !b_vector && packed(p.B, p.b_stride_n, p.b_stride_k, p.b_stride_l, p.N);
+    const int copy = a_vector && b_vector                                 ? kVector
+                     : (a_vector || a_packed) && (b_vector || b_packed) ? kPacked
+                                                                          : kElementwise;
     const int64_t tiles = int64_t((p.M + kTileM - 1) / kTileM) * ((p.N + kTileN - 1) / kTileN) * p.L;
     if (tiles == 0) return {};
+    if (tiles > INT32_MAX) return {"can_implement", "the short-K GEMM takes fewer than 2^31 tiles of 64x128"};
     const bool with_c = p.C != nullptr;
-    const int smem = with_c ? kSharedBytesWithC : kSharedBytesNoC;
+    const int smem = (with_c ? kSharedBytesWithC : kSharedBytesNoC) +
+                     (copy == kPacked && a_packed ? 2 * raw_a_elems(p.K) * int(sizeof(T)) : 0);
     LaunchResult result;
-    auto launch = [&](auto act, auto elementwise) {
+    auto launch = [&](auto act, auto copy_kind) {
       constexpr int kAct = decltype(act)::value;
-      constexpr bool kElementwise = decltype(elementwise)::value;
-      const void* kernel = reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kElementwise>);
+      constexpr int kCopy = decltype(copy_kind)::value;
+      const void* kernel = reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kCopy>);
       const cudaError_t err = allow_large_dynamic_shared(kernel, p.device);
       if (err != cudaSuccess) {
         result = {"initialize", cudaGetErrorString(err)};
@@ -329,14 +435,18 @@ struct GemmBundle {
       const int64_t slots =
           int64_t(std::max(p.sm_count, 1)) * cached_resident_blocks(kernel, kThreads, smem, p.device);
       const unsigned blocks = unsigned(std::min(tiles, slots));
-      lowk_gemm_kernel<T, kAct, kElementwise>
-          <<<blocks, kThreads, smem, stream>>>(p, a_k_major, b_k_major, a_vector, b_vector);
+      lowk_gemm_kernel<T, kAct, kCopy>
+          <<<blocks, kThreads, smem, stream>>>(p, a_k_major, b_k_major, a_vector, b_vector, a_packed, b_packed);
     };
     dispatch_activation(p.activation, [&](auto act) {
-      if (a_vector && b_vector) {
-        launch(act, std::false_type{});
+      if (copy == kVector) {
+        launch(act, std::integral_constant<int, kVector>{});
+      } else if (copy == kPacked && packed2) {
+        launch(act, std::integral_constant<int, kPacked2>{});
+      } else if (copy == kPacked) {
+        launch(act, std::integral_constant<int, kPacked>{});
       } else {
-        launch(act, std::true_type{});
+        launch(act, std::integral_constant<int, kElementwise>{});
       }
     });
     if (!result.ok()) return result;
