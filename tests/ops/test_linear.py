@@ -1749,10 +1749,61 @@ def test_lowk_kernel_reads_unaligned_operands(dtype_name, m, k, n, a_layout):
     aux_wanted = a_layout != "m_major"  # the aux epilogue is built for a K-major A
     (y, aux), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", aux_wanted))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
+    # A contiguous A and weight are copied as whole 16-byte pieces (the packed path); an A at an
+    # odd offset or stride, or M-major with an odd M, element by element.
+    assert lowk_copy_kind(names[0]) == ("packed" if a_layout == "plain" else "elementwise"), names[0]
     peer_z = peer_linear(A, B, bias, "none")
     if aux_wanted:
         assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, dtype_name, what="aux")
     assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), dtype_name)
+
+
+def lowk_copy_kind(kernel_name):
+    """How the short-K kernel named `kernel_name` copies its operands (its third template argument)."""
+    kind = int(kernel_name.split("lowk_gemm_kernel<")[1].split(">")[0].split(",")[2])
+    return {0: "vector", 1: "packed", 2: "elementwise", 3: "packed"}[kind]
+
+
+@requires_cuda
+@pytest.mark.parametrize("k", [13, 1, 33])
+def test_lowk_kernel_packed_operands_over_many_tiles(k, monkeypatch):
+    # Contiguous [lines, K] operands whose rows are not 16-byte pieces, over more tiles than the
+    # persistent blocks (3000 x 2056 -> 47 x 17 tiles), so each block walks several: the next
+    # tile's raw A is in flight while one is multiplied, and B and its bias are copied again where
+    # a block's range enters the next column of tiles.
+    monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", "lowk_64x128")
+    m, n = 3000, 2056
+    A = rand(m, k, device="cuda", dtype=torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
+    (y, z), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, W.t(), bias, "silu", True, None))
+    assert len(names) == 1 and lowk_copy_kind(names[0]) == "packed", names
+    assert_close_to_reference(z, ref_linear(A, W.t(), bias, "none"), peer_linear(A, W.t(), bias, "none"), "bf16",
+                              what="aux")
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "silu"), peer_linear(A, W.t(), bias, "silu"), "bf16")
+    # Three batches of [1000, k] rows against three packed weights (batches 1000 k and 2056 k
+    # elements apart: multiples of 16 bytes for these K).
+    A3 = rand(3, 1000, k, device="cuda", dtype=torch.bfloat16)
+    W3 = rand(3, n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A3, W3.transpose(1, 2)))
+    assert len(names) == 1 and lowk_copy_kind(names[0]) == "packed", names
+    assert_close_to_reference(out, A3.double() @ W3.double().transpose(1, 2), torch.matmul(A3, W3.transpose(1, 2)),
+                              "bf16")
+
+
+@requires_cuda
+def test_lowk_kernel_packed_a_with_c():
+    # An in-place merge W += s * lora_B @ lora_A with a rank of 13: lora_B [m, 13] is a packed A,
+    # lora_A [13, n] an N-major B in 16-byte pieces, W the C source (its raw A tiles sit after C's).
+    m, r, n = 1000, 13, 1032
+    W = rand(m, n, device="cuda", dtype=torch.bfloat16)
+    lora_A = rand(r, n, device="cuda", dtype=torch.bfloat16)
+    lora_B = rand(m, r, device="cuda", dtype=torch.bfloat16)
+    W0 = W.clone()
+    _, names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, lora_A, lora_B, -0.5))
+    assert len(names) == 1 and lowk_copy_kind(names[0]) == "packed", names
+    assert_close_to_reference(W, W0.double() - 0.5 * (lora_B.double() @ lora_A.double()),
+                              torch.addmm(W0, lora_B, lora_A, alpha=-0.5), "bf16", what="merged W")
 
 
 # ------------------------------------------------------------------------------------------------
