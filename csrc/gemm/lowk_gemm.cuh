@@ -130,10 +130,10 @@ __device__ __forceinline__ void cp_async_16_first(void* smem, const void* gmem, 
 
 // Starts copying a packed operand's tile (lines line0 .. line0 + kLines - 1 of a contiguous
 // [lines, K] matrix, `src` pointing at line0) into `raw` as it lies in memory: the first
-// valid_lines K elements, in 16-byte pieces, the piece that crosses their end zero-filled past it.
+// min(valid_lines, kLines) K elements, in 16-byte pieces, the piece that crosses their end zero-filled.
 template <class T, int kLines>
 __device__ __forceinline__ void copy_packed(T* raw, const T* src, int valid_lines, int K) {
-  const int bytes = max(valid_lines, 0) * K * int(sizeof(T));
+  const int bytes = min(max(valid_lines, 0), kLines) * K * int(sizeof(T));
   for (int i = threadIdx.x; 16 * i < bytes; i += kThreads) {
     cp_async_16_first(raw + i * kVec, src + i * kVec, min(16, bytes - 16 * i));
   }
