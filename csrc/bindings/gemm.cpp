@@ -160,13 +160,14 @@ int gemm_arch_for(const GemmOptions& opts, int device) {
 }
 
 constexpr int64_t kLowKUnalignedMaxRows = 32768;  // see gemm_op
-// Development switch of this branch: CUTLASS_EXT_LOWK_MAX_ROWS replaces kLowKUnalignedMaxRows.
-int64_t lowk_unaligned_max_rows() {
-  static const int64_t rows = [] {
-    const char* v = std::getenv("CUTLASS_EXT_LOWK_MAX_ROWS");
-    return v != nullptr ? int64_t(std::atoll(v)) : kLowKUnalignedMaxRows;
-  }();
-  return rows;
+
+// Whether the short-K kernel copies `t` ([L, lines, K]: A, or B transposed) as one run of 16-byte
+// pieces a tile (its packed path, gemm/lowk_gemm.cuh): contiguous K-major lines, 16-byte aligned,
+// batches a multiple of 16 bytes apart.
+bool lowk_packs(const at::Tensor& t) {
+  const int64_t L = t.size(0), lines = t.size(1), K = t.size(2);
+  return aligned16(t.data_ptr()) && (K == 1 || t.stride(2) == 1) && (lines == 1 || t.stride(1) == K) &&
+         (L == 1 || t.stride(0) % (16 / int64_t(t.element_size())) == 0);
 }
 
 // The kernel of a forced config (GemmOptions::config) among the candidates.
@@ -586,17 +587,21 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
 
   // A short K with operands that would be copied (K or a row stride not a multiple of 16 bytes:
   // a 13-feature input layer, the K = 1 product of a one-column layer's backward): the short-K
-  // kernel reads them element by element where they are (gemm/lowk_gemm.cuh), so the call is one
-  // launch. Its epilogue still needs 16-byte pieces: N a multiple of 8, aligned C and output.
-  // Its element loads wait before each tile's product where the asynchronous copies do not, so
-  // past kLowKUnalignedMaxRows rows the padded copy and the vector kernel are faster. Measured on
-  // an H200 (bf16 x @ W^T, 13 -> 512, relu, bench/linear.py --sets dlrm): 2048 rows 18.8 -> 9.3
-  // us, 8192 23.7 -> 15.0, 32768 36.8 -> 32.1, but 65536 53.0 -> 55.7.
+  // kernel reads them where they are (gemm/lowk_gemm.cuh), so the call is one launch. Its
+  // epilogue still needs 16-byte pieces: N a multiple of 8, aligned C and output. A contiguous
+  // operand (lowk_packs) is copied as 16-byte pieces, asynchronously like an aligned one, and
+  // that beats the padded copy at every size measured (H200, bf16 x @ W^T + bias, relu, 13 ->
+  // 512: 65536 rows 49.4-50.0 us against 59.1). Any other is read element by element, whose
+  // loads wait before each tile's product, so past kLowKUnalignedMaxRows rows the padded copy and
+  // the vector kernel take it (when the element-wise path was written, 65536 x 13 -> 512 took
+  // 55.7 us that way against 53.0 with the copy).
   MatrixView va, vb;
   const bool a_readable = as_matrix(a3, align, va), b_readable = as_matrix(b3, align, vb);
   const bool unaligned_operands = Kp != K || !a_readable || !b_readable;
+  const bool lowk_in_pieces =
+      (a_readable || lowk_packs(a3)) && (b_readable || lowk_packs(b3.transpose(1, 2)));
   if (unaligned_operands && math == MathMode::kTensorOp && a.element_size() == 2 && !has_a2 && Np == N &&
-      M * L <= lowk_unaligned_max_rows() && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
+      (M * L <= kLowKUnalignedMaxRows || lowk_in_pieces) && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
     const int arch = gemm_arch_for(opts, a.device().index());
     const GemmKernelEntry* lowk = nullptr;
     KernelForm form;

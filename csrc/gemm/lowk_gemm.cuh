@@ -6,14 +6,15 @@
 // written, the next tile's A (and C) tiles are already on their way into shared memory by
 // cp.async, so a block never waits on a load between tiles; the B tile is reloaded only when the
 // range crosses into the next column of tiles. Operands are copied in their own layout with
-// 16-byte accesses and fed to mma.sync (m16n8k16, fp32 accumulation) by ldmatrix, transposing
-// M- or N-major tiles on the way (.trans). The fp32 tile is staged through shared memory and
-// written with 16-byte accesses.
+// 16-byte accesses (a contiguous operand whose rows are not 16-byte pieces, such as a 13-feature
+// input layer's X, as one run of pieces that is then spread in shared memory; other unaligned
+// ones element by element) and fed to mma.sync (m16n8k16, fp32 accumulation) by ldmatrix,
+// transposing M- or N-major tiles on the way (.trans). The fp32 tile is staged through shared
+// memory and written with 16-byte accesses.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include <cuda_runtime_api.h>
 
@@ -56,10 +57,11 @@ constexpr int kSharedBytesWithC = kCOffset + 2 * kCElems * 2;
 // run of memory, and that run starts on 16 bytes (the operand 16-byte aligned: tiles start at
 // line multiples of 64, 64 K elements being a multiple of 16 bytes).
 constexpr int kVector = 0, kPacked = 1, kElementwise = 2;
-// Development switch CUTLASS_EXT_LOWK_PACKED for an A/B: 0 copies packed operands element by
-// element as before, 2 runs the packed path at two blocks an SM (ptxas keeps it in registers)
-// instead of three (80 registers, some spilled).
-constexpr int kPacked2 = 3;
+// Blocks an SM each path's instantiation is compiled for. The packed path at three (80
+// registers) spilled 60-72 bytes a thread; at two it keeps everything in registers (128) and was
+// faster on every shape measured (H200, bf16, bench/results/lowk-packed-ab-h200.json): 8192 x 13
+// -> 512 13.5-13.9 us against 16.7-17.0 at three, 65536 x 13 -> 512 49.4-50.0 against 51.1-51.5.
+__host__ __device__ constexpr int min_blocks(int copy) { return copy == kPacked ? 2 : 3; }
 // Elements of one raw (as-in-memory) A tile of a packed A: kTileM K, rounded to 16 bytes.
 __host__ __device__ constexpr int raw_a_elems(int K) { return (kTileM * K + kVec - 1) / kVec * kVec; }
 // The epilogue gives each lane 8 adjacent columns (16-byte accesses to C and D): 16 lanes per
@@ -171,11 +173,10 @@ struct TileCursor {
 // kPacked or kElementwise, each its own instantiation: compiled into every kernel, the element-wise
 // path made ptxas spill at 80 registers).
 template <class T, int kAct, int kCopy>
-__global__ void __launch_bounds__(kThreads, kCopy == kPacked2 ? 2 : 3) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major,
+__global__ void __launch_bounds__(kThreads, min_blocks(kCopy)) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major,
                                                                 bool a_vector, bool b_vector, bool a_packed,
                                                                 bool b_packed) {
   constexpr bool kByElement = kCopy == kElementwise;
-  constexpr bool kSpreads = kCopy == kPacked || kCopy == kPacked2;
   extern __shared__ __align__(16) unsigned char shared[];
   auto staged = reinterpret_cast<float (*)[kAccRow]>(shared);
   T* const b_tile = reinterpret_cast<T*>(shared + kBOffset);
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, kCopy == kPacked2 ? 2 : 3) lowk_gemm
   // after everything else.
   T* const b_raw = reinterpret_cast<T*>(shared);
   T* const a_raws = reinterpret_cast<T*>(shared + (p.C != nullptr ? kSharedBytesWithC : kSharedBytesNoC));
-  const bool a_spread = kSpreads && a_packed, b_spread = kSpreads && b_packed;
+  const bool a_spread = kCopy == kPacked && a_packed, b_spread = kCopy == kPacked && b_packed;
 
   const int tiles_m = (p.M + kTileM - 1) / kTileM, tiles_n = (p.N + kTileN - 1) / kTileN;
   const int64_t per_batch = int64_t(tiles_m) * tiles_n, total = per_batch * p.L;
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, kCopy == kPacked2 ? 2 : 3) lowk_gemm
       b_n0 = n0;
       b_landed = true;
     }
-    if (kSpreads) {  // raw tiles into the MMAs' layout
+    if (kCopy == kPacked) {  // raw tiles into the MMAs' layout
       if (b_spread && b_landed) spread_packed<T, kTileN>(b_tile, b_raw, p.N - n0, p.K, k_pad);
       if (a_spread) {
         spread_packed<T, kTileM>(a_tiles + buf * kAElems, a_raws + buf * raw_a_elems(p.K), p.M - m0, p.K, k_pad);
@@ -399,19 +400,14 @@ struct GemmBundle {
     const bool b_vector = aligned16(p.B) && (p.L == 1 || ok(p.b_stride_l)) &&
                           (b_k_major ? p.b_stride_k == 1 && p.K % kVec == 0 && ok(p.b_stride_n)
                                      : p.b_stride_n == 1 && p.N % kVec == 0 && ok(p.b_stride_k));
-    static const int packed_env = [] {
-      const char* v = std::getenv("CUTLASS_EXT_LOWK_PACKED");
-      return v != nullptr ? v[0] - '0' : 1;
-    }();
-    const bool packed2 = packed_env == 2;
     // Packed operands (see kPacked): contiguous K-major [lines, K] matrices, 16-byte aligned,
     // batches 16 bytes apart.
     auto packed = [&](const void* ptr, int64_t stride_line, int64_t stride_k, int64_t stride_l, int64_t lines) {
       return (p.K == 1 || stride_k == 1) && (lines == 1 || stride_line == p.K) && aligned16(ptr) &&
              (p.L == 1 || ok(stride_l));
     };
-    const bool a_packed = packed_env != 0 && !a_vector && packed(p.A, p.a_stride_m, p.a_stride_k, p.a_stride_l, p.M);
-    const bool b_packed = packed_env != 0 && !b_vector && packed(p.B, p.b_stride_n, p.b_stride_k, p.b_stride_l, p.N);
+    const bool a_packed = !a_vector && packed(p.A, p.a_stride_m, p.a_stride_k, p.a_stride_l, p.M);
+    const bool b_packed = !b_vector && packed(p.B, p.b_stride_n, p.b_stride_k, p.b_stride_l, p.N);
     const int copy = a_vector && b_vector                                 ? kVector
                      : (a_vector || a_packed) && (b_vector || b_packed) ? kPacked
                                                                           : kElementwise;
@@ -441,8 +437,6 @@ struct GemmBundle {
     dispatch_activation(p.activation, [&](auto act) {
       if (copy == kVector) {
         launch(act, std::integral_constant<int, kVector>{});
-      } else if (copy == kPacked && packed2) {
-        launch(act, std::integral_constant<int, kPacked2>{});
       } else if (copy == kPacked) {
         launch(act, std::integral_constant<int, kPacked>{});
       } else {

@@ -1761,7 +1761,7 @@ def test_lowk_kernel_reads_unaligned_operands(dtype_name, m, k, n, a_layout):
 def lowk_copy_kind(kernel_name):
     """How the short-K kernel named `kernel_name` copies its operands (its third template argument)."""
     kind = int(kernel_name.split("lowk_gemm_kernel<")[1].split(">")[0].split(",")[2])
-    return {0: "vector", 1: "packed", 2: "elementwise", 3: "packed"}[kind]
+    return {0: "vector", 1: "packed", 2: "elementwise"}[kind]
 
 
 @requires_cuda
@@ -1789,6 +1789,24 @@ def test_lowk_kernel_packed_operands_over_many_tiles(k, monkeypatch):
     assert len(names) == 1 and lowk_copy_kind(names[0]) == "packed", names
     assert_close_to_reference(out, A3.double() @ W3.double().transpose(1, 2), torch.matmul(A3, W3.transpose(1, 2)),
                               "bf16")
+
+
+@requires_cuda
+@pytest.mark.parametrize("a_layout", ["plain", "offset"])
+def test_short_k_unaligned_rule_past_32768_rows(a_layout):
+    # Past 32768 rows a contiguous 13-feature X and weight still take the short-K kernel alone
+    # (its packed path beats the padded copy there); an X at an odd offset is copied padded first.
+    m, k, n = 40000, 13, 64
+    A = _a_layout(m, k, a_layout, torch.bfloat16)
+    W = rand(n, k, device="cuda", dtype=torch.bfloat16, scale=k ** -0.5)
+    bias = rand(n, device="cuda", dtype=torch.bfloat16)
+    y, names = cuda_kernels_run(lambda: cutlass_ext.linear(A, W.t(), bias, relu=True))
+    lowk = [name for name in names if "lowk_gemm_kernel" in name]
+    if a_layout == "plain":
+        assert len(names) == 1 and lowk and lowk_copy_kind(lowk[0]) == "packed", names
+    else:
+        assert len(names) > 1 and not [name for name in lowk if lowk_copy_kind(name) == "elementwise"], names
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
 
 
 @requires_cuda
