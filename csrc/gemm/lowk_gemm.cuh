@@ -243,7 +243,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy)) lowk_gemm_kernel(
     if (kCopy != kVector && threadIdx.x < kTileN / kVec) {
       const int c = n0 + int(threadIdx.x) * kVec;
       const bool valid = p.bias != nullptr && c < p.N;
-      cp_async_16_or_zero(bias_tile + threadIdx.x * kVec, valid ? static_cast<const T*>(p.bias) + c : B, valid);
+      // (D stands in as the 16-byte aligned address of a zero-filled piece: B may be unaligned.)
+      cp_async_16_or_zero(bias_tile + threadIdx.x * kVec, valid ? static_cast<const T*>(p.bias) + c : p.D, valid);
     }
   };
 
@@ -259,8 +260,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy)) lowk_gemm_kernel(
     const int buf = step & 1;
     const int64_t l = tile.l;
     const int m0 = tile.m_tile * kTileM, n0 = tile.n_tile * kTileN;
-    // Tile t's copies have landed, and every thread is past tile t-1 (its multiply read the
-    // other A buffer and the B tile, its epilogue the staging tile and the other C buffer).
+    // This tile's copies have landed, and every thread is past the previous tile (its multiply
+    // read the other A buffer and the B tile, its epilogue the staging tile and the other C buffer).
     cp_async_wait_all();
     __syncthreads();
     bool b_landed = step == 0;

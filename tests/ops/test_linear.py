@@ -1810,6 +1810,17 @@ def test_short_k_unaligned_rule_past_32768_rows(a_layout):
 
 
 @requires_cuda
+def test_lowk_kernel_unaligned_b_without_bias():
+    # Element-wise copies of an A and a B that both start 2 bytes past 16, no bias, and a last
+    # column tile past N (its bias pieces zero-filled from an aligned stand-in address).
+    A = rand(300, 16, device="cuda", dtype=torch.bfloat16)[:, 1:14]
+    B = rand(200, 16, device="cuda", dtype=torch.bfloat16, scale=0.25)[:, 1:14].t()
+    out, names = cuda_kernels_run(lambda: cutlass_ext.matmul(A, B))
+    assert len(names) == 1 and lowk_copy_kind(names[0]) == "elementwise", names
+    assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
+
+
+@requires_cuda
 def test_lowk_kernel_packed_a_with_c():
     # An in-place merge W += s * lora_B @ lora_A with a rank of 13: lora_B [m, 13] is a packed A,
     # lora_A [13, n] an N-major B in 16-byte pieces, W the C source (its raw A tiles sit after C's).
