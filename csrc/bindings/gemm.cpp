@@ -601,7 +601,8 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
   const bool lowk_in_pieces =
       (a_readable || lowk_packs(a3)) && (b_readable || lowk_packs(b3.transpose(1, 2)));
   if (unaligned_operands && math == MathMode::kTensorOp && a.element_size() == 2 && !has_a2 && Np == N &&
-      (M * L <= kLowKUnalignedMaxRows || lowk_in_pieces) && lowk_takes(K, M, L) && (!c3.defined() || epilogue_readable(c3, align))) {
+      (M * L <= kLowKUnalignedMaxRows || lowk_in_pieces) && lowk_takes(K, M, L) &&
+      (!c3.defined() || epilogue_readable(c3, align))) {
     const int arch = gemm_arch_for(opts, a.device().index());
     const GemmKernelEntry* lowk = nullptr;
     KernelForm form;

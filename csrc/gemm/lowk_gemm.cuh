@@ -173,9 +173,9 @@ struct TileCursor {
 // kPacked or kElementwise, each its own instantiation: compiled into every kernel, the element-wise
 // path made ptxas spill at 80 registers).
 template <class T, int kAct, int kCopy>
-__global__ void __launch_bounds__(kThreads, min_blocks(kCopy)) lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major,
-                                                                bool a_vector, bool b_vector, bool a_packed,
-                                                                bool b_packed) {
+__global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
+    lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major, bool a_vector, bool b_vector, bool a_packed,
+                     bool b_packed) {
   constexpr bool kByElement = kCopy == kElementwise;
   extern __shared__ __align__(16) unsigned char shared[];
   auto staged = reinterpret_cast<float (*)[kAccRow]>(shared);
