@@ -161,15 +161,6 @@ int gemm_arch_for(const GemmOptions& opts, int device) {
 
 constexpr int64_t kLowKUnalignedMaxRows = 32768;  // see gemm_op
 
-// Whether the short-K kernel copies `t` ([L, lines, K]: A, or B transposed) as one run of 16-byte
-// pieces a tile (its packed path, gemm/lowk_gemm.cuh): contiguous K-major lines, 16-byte aligned,
-// batches a multiple of 16 bytes apart.
-bool lowk_packs(const at::Tensor& t) {
-  const int64_t L = t.size(0), lines = t.size(1), K = t.size(2);
-  return aligned16(t.data_ptr()) && (K == 1 || t.stride(2) == 1) && (lines == 1 || t.stride(1) == K) &&
-         (L == 1 || t.stride(0) % (16 / int64_t(t.element_size())) == 0);
-}
-
 // The kernel of a forced config (GemmOptions::config) among the candidates.
 const GemmKernelEntry* forced_kernel(const std::vector<const GemmKernelEntry*>& candidates,
                                      const std::string& config) {
@@ -313,12 +304,26 @@ bool in_16_byte_pieces(const at::Tensor& t, int64_t stride) {
          (t.size(0) == 1 || t.stride(0) % vec == 0);
 }
 
+// The same for A [L, M, K] along K: K-major rows, K a multiple of 16 bytes too.
+bool a_in_16_byte_pieces(const at::Tensor& a3) {
+  const int64_t M = a3.size(1), K = a3.size(2), vec = 16 / int64_t(a3.element_size());
+  return K % vec == 0 && a3.stride(2) == 1 && in_16_byte_pieces(a3, M == 1 ? 0 : a3.stride(1));
+}
+
 // The same for B [L, K, N] along its unit stride: K-major rows of a weight, or N-major rows (N a
 // multiple of 16 bytes too).
 bool b_in_16_byte_pieces(const at::Tensor& b3, Major b_major) {
   const int64_t N = b3.size(2), vec = 16 / int64_t(b3.element_size());
   return b_major == Major::kK ? in_16_byte_pieces(b3, N == 1 ? 0 : b3.stride(2))
                               : b3.stride(2) == 1 && N % vec == 0 && in_16_byte_pieces(b3, b3.stride(1));
+}
+
+// Whether the short-K kernel copies `t` ([L, lines, K]: A, or B transposed) as one run of 16-byte
+// pieces a tile (its packed path, gemm/lowk_gemm.cuh): contiguous K-major lines, 16-byte aligned,
+// batches a multiple of 16 bytes apart.
+bool lowk_packs(const at::Tensor& t) {
+  const int64_t lines = t.size(1), K = t.size(2);
+  return (K == 1 || t.stride(2) == 1) && (lines == 1 || t.stride(1) == K) && in_16_byte_pieces(t, 0);
 }
 
 // Few rows of fp32 against a weight (decode steps, small batches) with TF32 allowed: the
@@ -353,9 +358,8 @@ const GemmKernelEntry* few_row_kernel(DType dt, MathMode math, bool aux, const a
   if (config.empty() && (M > chosen_max_m || K < kFewRowsMinWidth || N < kFewRowsMinWidth)) return nullptr;
   const auto [entry, forced] = direct_entry(is_fewrows, dt, math, aux, b_major, config);
   if (entry == nullptr) return nullptr;
-  const int64_t vec = 16 / int64_t(a3.element_size());
-  const bool runs = M <= kFewRowsMaxM && !with_c_or_a2 && K % vec == 0 && a3.stride(2) == 1 &&
-                    b_in_16_byte_pieces(b3, b_major) && in_16_byte_pieces(a3, M == 1 ? 0 : a3.stride(1));
+  const bool runs =
+      M <= kFewRowsMaxM && !with_c_or_a2 && a_in_16_byte_pieces(a3) && b_in_16_byte_pieces(b3, b_major);
   CE_CHECK(runs || !forced, "config '", config, "' takes M <= ", kFewRowsMaxM,
            ", a K-major A and a K- or N-major B (a unit stride along K or N), K (and N for an N-major B) and their "
            "row strides multiples of 16 bytes, 16-byte aligned data and no C source; this product is ", M, " x ", K,
@@ -423,10 +427,8 @@ const GemmKernelEntry* narrow_kernel(DType dt, MathMode math, bool aux, const at
   const Major b_major = major_along_k(b3.stride(1), K);
   const auto [entry, forced] = direct_entry(is_narrow, dt, math, aux, b_major, config);
   if (entry == nullptr) return nullptr;
-  const int64_t vec = 16 / int64_t(a3.element_size());
-  const bool runs = N <= kNarrowMaxN && K <= kNarrowMaxK && L <= 65535 && !with_c_or_a2 && K % vec == 0 &&
-                    a3.stride(2) == 1 && b_in_16_byte_pieces(b3, b_major) &&
-                    in_16_byte_pieces(a3, M == 1 ? 0 : a3.stride(1));
+  const bool runs = N <= kNarrowMaxN && K <= kNarrowMaxK && L <= 65535 && !with_c_or_a2 &&
+                    a_in_16_byte_pieces(a3) && b_in_16_byte_pieces(b3, b_major);
   CE_CHECK(runs || !forced, "config '", config, "' takes N <= ", kNarrowMaxN, " and K <= ", kNarrowMaxK,
            ", a K-major A and a K- or N-major B (a unit stride along K or N), K (and N for an N-major B) and their "
            "row strides multiples of 16 bytes, 16-byte aligned data and no C source; this product is ", M, " x ", K,
