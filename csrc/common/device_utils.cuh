@@ -160,10 +160,16 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem));
 }
 
+// The first `bytes` (0-16) of the 16 copied, the rest of the piece zero-filled (`gmem` 16-byte
+// aligned and a valid address; no byte past gmem + bytes is read).
+__device__ __forceinline__ void cp_async_16_first(void* smem, const void* gmem, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(bytes));
+}
+
 // The same, or 16 zero bytes when !valid (`gmem` must still be a valid address).
 __device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* gmem, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(valid ? 16 : 0));
+  cp_async_16_first(smem, gmem, valid ? 16 : 0);
 }
 
 // One float copied (through L1), or a zero where !valid (`gmem` must still be a valid address).

@@ -123,13 +123,6 @@ __device__ __forceinline__ void copy_operand(T* dst, const T* src, int64_t strid
   }
 }
 
-// The first `bytes` (0-16) of 16 bytes copied, the rest of the piece zero-filled (`gmem` 16-byte
-// aligned; no byte past gmem + bytes is read).
-__device__ __forceinline__ void cp_async_16_first(void* smem, const void* gmem, int bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(bytes));
-}
-
 // Starts copying a packed operand's tile (lines line0 .. line0 + kLines - 1 of a contiguous
 // [lines, K] matrix, `src` pointing at line0) into `raw` as it lies in memory: the first
 // min(valid_lines, kLines) K elements, in 16-byte pieces, the piece that crosses their end zero-filled.
