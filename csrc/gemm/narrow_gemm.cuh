@@ -121,6 +121,17 @@ __global__ void __launch_bounds__(kThreads) narrow_gemm_kernel(GemmParams p, boo
     cp_async_16_or_zero(a_tile + r * krow + k, valid ? A + int64_t(r) * p.a_stride_m + k : A, valid);
   });
   cp_async_commit();
+  // This lane's bias columns (see the epilogue), loaded while the copies are in flight rather than
+  // after the product, where they cost a second memory round trip.
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const T* const bias = static_cast<const T*>(p.bias);
+  float bias_v[kN / 8][2];
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    const int c = 8 * j + 2 * t;
+    bias_v[j][0] = bias != nullptr && c < p.N ? float(bias[c]) : 0.f;
+    bias_v[j][1] = bias != nullptr && c + 1 < p.N ? float(bias[c + 1]) : 0.f;
+  }
   cp_async_wait_all();
   __syncthreads();
 
@@ -158,13 +169,9 @@ __global__ void __launch_bounds__(kThreads) narrow_gemm_kernel(GemmParams p, boo
   // whole rows of D a lane group at a time: with 4-byte stores straight from the accumulators
   // each 32-byte sector was written by two instructions, and 65536 x 64 -> 64 took 21.5 us
   // against 14.2 for a CUTLASS tile (H200).
-  const int g = lane >> 2, t = lane & 3;
-  const T* const bias = static_cast<const T*>(p.bias);
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j) {
-    const int c = 8 * j + 2 * t;
-    const float b0 = bias != nullptr && c < p.N ? float(bias[c]) : 0.f;
-    const float b1 = bias != nullptr && c + 1 < p.N ? float(bias[c + 1]) : 0.f;
+    const float b0 = bias_v[j][0], b1 = bias_v[j][1];
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
