@@ -216,7 +216,8 @@ def test_build_tree(tmp_path):
 
 def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
     kernels = _kernel_table.select_kernels("", ("80",))
-    assert kernels and {k.family for k in kernels} == {"sm80", "simt", "lowk", "gemv", "fewrows", "ffma", "wgrad", "narrow"}
+    assert kernels and {k.family for k in kernels} == {"sm80", "simt", "lowk", "gemv", "fewrows", "ffma", "wgrad",
+                                                       "narrow"}
     assert {k.dtype for k in kernels if k.family == "sm80"} == {"bf16", "fp16", "tf32"}
     config = _config(archs=("80",), kernels=tuple(kernels))
     _build.write_build_tree(config, tmp_path)
