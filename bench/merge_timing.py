@@ -1,12 +1,13 @@
 """One lora_merge (or cuBLAS addmm_) call at a time, under three L2 states before each call.
 
-    python bench/merge_timing.py [--out PATH]
+    python bench/merge_timing.py [--shapes 4096x4096,4096x11008] [--ranks 8,16,64] [--out PATH]
 
 bench/lora.py times merge+unmerge pairs behind its usual 256 MB `zero_` flush; this script
 separates the kernel from the host and the cache state: each call is preceded by a 256 MB
 `zero_` (leaves dirty lines in L2), a 256 MB read (leaves clean lines), or nothing (calls back to
-back: then the time is the host's, whenever the host is slower than the kernel). Writes
-bench/results/merge_timing-<device>.json.
+back: then the time is the host's, whenever the host is slower than the kernel). The `copy`
+provider copies the weight into another buffer of its size: the same bytes read and written as a
+merge, the rate a merge can reach. Writes bench/results/merge_timing-<device>.json.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def time_calls(fn, flush, n):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="4096x4096", help="out x in")
+    parser.add_argument("--shapes", default="4096x4096", help="comma-separated out x in")
     parser.add_argument("--ranks", default="8,16,64")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--out", default=None)
@@ -46,27 +47,32 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench/merge_timing.py needs a CUDA GPU")
         return 1
-    out_f, in_f = (int(v) for v in args.shape.split("x"))
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     warm_up_gpu()
     buf = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     flushes = {"zero": lambda: buf.zero_(), "read": lambda: buf.sum(dtype=torch.int64), "none": lambda: None}
     rows = []
-    for r in (int(v) for v in args.ranks.split(",")):
-        w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) / in_f**0.5
-        a = torch.randn(r, in_f, device="cuda", dtype=torch.bfloat16) / in_f**0.5
-        b = torch.randn(out_f, r, device="cuda", dtype=torch.bfloat16) / r**0.5
-        # Alternate merge and unmerge so that the weight stays where it started.
-        providers = {
-            "cutlass_ext": lambda i: cutlass_ext.lora_merge(w, a, b, 2.0, sign=1 if i % 2 == 0 else -1),
-            "addmm": lambda i: w.addmm_(b, a, alpha=2.0 if i % 2 == 0 else -2.0),
-        }
-        for flush_name, flush in flushes.items():
-            for name, fn in providers.items():
-                times = time_calls(fn, flush, args.calls)
-                median = times[len(times) // 2]
-                rows.append({"r": r, "flush": flush_name, "provider": name, "median_us": median, "min_us": times[0]})
-                print(f"r={r:3d} flush={flush_name:4s} {name:11s} median {median:7.1f} us  min {times[0]:7.1f}", flush=True)
-    path = write_results("merge_timing", {"shape": [out_f, in_f], "rows": rows}, args.out)
+    for out_f, in_f in shapes:
+        copy_dst = torch.empty(out_f, in_f, device="cuda", dtype=torch.bfloat16)
+        for r in (int(v) for v in args.ranks.split(",")):
+            w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) / in_f**0.5
+            a = torch.randn(r, in_f, device="cuda", dtype=torch.bfloat16) / in_f**0.5
+            b = torch.randn(out_f, r, device="cuda", dtype=torch.bfloat16) / r**0.5
+            # Alternate merge and unmerge so that the weight stays where it started.
+            providers = {
+                "cutlass_ext": lambda i: cutlass_ext.lora_merge(w, a, b, 2.0, sign=1 if i % 2 == 0 else -1),
+                "addmm": lambda i: w.addmm_(b, a, alpha=2.0 if i % 2 == 0 else -2.0),
+                "copy": lambda i: copy_dst.copy_(w),
+            }
+            for flush_name, flush in flushes.items():
+                for name, fn in providers.items():
+                    times = time_calls(fn, flush, args.calls)
+                    median = times[len(times) // 2]
+                    rows.append({"out": out_f, "in": in_f, "r": r, "flush": flush_name, "provider": name,
+                                 "median_us": median, "min_us": times[0]})
+                    print(f"{out_f}x{in_f} r={r:3d} flush={flush_name:4s} {name:11s} median {median:7.1f} us  "
+                          f"min {times[0]:7.1f}", flush=True)
+    path = write_results("merge_timing", {"shapes": shapes, "rows": rows}, args.out)
     print(f"wrote {path}")
     return 0
 

@@ -17,7 +17,9 @@
 //             dA = s * U^T drop(x),  dB = (s * t^T dz)^T,  dW = dz^T x   (only those requested;
 //                                                      dA beside the dx GEMM on a second stream
 //                                                      from 2^23 elements of x)
-//   merge     W += s * B A                            (one GEMM reading and writing W in place)
+//   merge     W += s * B A                            (one pass reading and writing W in place,
+//                                                      gemm/rank_update.h; a GEMM with W as its C
+//                                                      operand where that pass does not apply)
 // The rank-r activations t and U are kept as contiguous [r, M] (t is the op's second output in
 // that form). For 16-bit types and r <= 32, t, U and dB come from the rank-r pass
 // (gemm/rank_pass.h): t^T and s t from one read of drop(x); U^T, s U and dB from one read of
@@ -32,6 +34,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
@@ -39,6 +42,7 @@
 #include "bindings/gemm_op.h"
 #include "elementwise/dropout_kernels.h"
 #include "gemm/rank_pass.h"
+#include "gemm/rank_update.h"
 
 namespace cutlass_ext {
 namespace {
@@ -316,6 +320,24 @@ void lora_merge_cuda(const at::Tensor& weight, const at::Tensor& lora_A, const a
   const char* op = "lora_merge";
   check_adapter(weight, lora_A, lora_B, op);
   const c10::DeviceGuard guard(weight.device());
+  RankUpdateParams u;
+  u.dtype = dtype_of(weight, op, "weight");
+  u.M = weight.size(0);
+  u.N = weight.size(1);
+  u.r = int(std::min<int64_t>(lora_A.size(0), INT32_MAX));
+  u.w = weight.data_ptr();
+  u.ldw = weight.stride(1) == 1 ? weight.stride(0) : 0;
+  u.a = lora_A.data_ptr();
+  u.a_stride_r = lora_A.stride(0);
+  u.a_stride_n = lora_A.stride(1);
+  u.b = lora_B.data_ptr();
+  u.b_stride_m = lora_B.stride(0);
+  u.b_stride_r = lora_B.stride(1);
+  u.alpha = float(scaling);
+  if (rank_update_supported(u)) {
+    check_launch(rank_update(u, current_stream(weight.device())), op, "rank-r update");
+    return;
+  }
   gemm_op(lora_B, lora_A, c10::nullopt, 0, false, gemm_options(), GemmExtra{float(scaling), weight, weight});
 }
 

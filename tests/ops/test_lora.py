@@ -466,6 +466,55 @@ def test_merge_in_place(device, dtype_name, shape):
     assert_close_to_reference(weight, ref, peer, dtype_name, what="merged weight")
 
 
+def rank_update_takes(weight, r):
+    """Whether lora_merge runs as the rank-r update pass (csrc/gemm/rank_update.h) rather than a
+    GEMM with the weight as its C operand: a 16-bit weight with r <= 64, a multiple of 8 columns,
+    unit column stride and rows in 16-byte pieces (lora_A and lora_B may have any strides)."""
+    return (weight.dtype != torch.float32 and 1 <= r <= 64 and weight.size(1) % 8 == 0 and weight.stride(1) == 1
+            and weight.stride(0) % 8 == 0 and weight.stride(0) >= weight.size(1) and weight.data_ptr() % 16 == 0)
+
+
+def merge_operands(out_f, in_f, r, layout, dtype):
+    """(weight, lora_A, lora_B, storage of weight) on CUDA, laid out as `layout` says: weight a
+    column slice of a wider matrix (a row stride of in_f + 24, or in_f + 3 that no 16-byte piece
+    fits), or lora_A and lora_B transposed views (column-major)."""
+    weight, lora_A, lora_B, _ = make_params(in_f, out_f, r, "cuda", dtype, bias=False)
+    storage = weight
+    if layout in ("weight_slice", "weight_odd_stride"):
+        pad = 24 if layout == "weight_slice" else 3
+        storage = rand(out_f, in_f + pad, device="cuda", dtype=dtype, scale=1 / math.sqrt(in_f))
+        weight = storage[:, 8:8 + in_f] if layout == "weight_slice" else storage[:, :in_f]
+    elif layout == "factors_transposed":
+        lora_A = lora_A.t().contiguous().t()
+        lora_B = lora_B.t().contiguous().t()
+    return weight, lora_A, lora_B, storage
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(257, 136, 16), (300, 200, 24), (130, 4104, 40), (96, 64, 5), (128, 64, 64),
+                                   (128, 64, 65), (64, 60, 8)])
+@pytest.mark.parametrize("layout", ["contiguous", "weight_slice", "weight_odd_stride", "factors_transposed"])
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
+def test_merge_rank_update(dtype_name, shape, layout):
+    # Tails in both dimensions (rows past a 128-row tile, 8 columns past a 64-column one), r from 5
+    # to 65, and every layout: where the rank-r pass takes the operands it must be the kernel that
+    # ran, and the storage around a sliced weight must be untouched.
+    dtype = DTYPES[dtype_name]
+    out_f, in_f, r = shape
+    weight, lora_A, lora_B, storage = merge_operands(out_f, in_f, r, layout, dtype)
+    original, storage_before = weight.clone(), storage.clone()
+    _, names = cuda_kernels_run(lambda: cutlass_ext.lora_merge(weight, lora_A, lora_B, 0.75))
+    assert any("rank_update_kernel" in n for n in names) == rank_update_takes(weight, r), names
+    peer = original + 0.75 * (lora_B @ lora_A)
+    ref = original.double() + 0.75 * (lora_B.double() @ lora_A.double())
+    assert_close_to_reference(weight, ref, peer, dtype_name, what="merged weight")
+    if storage is not weight:
+        outside = torch.ones_like(storage, dtype=torch.bool)
+        offset = 8 if layout == "weight_slice" else 0
+        outside[:, offset:offset + in_f] = False
+        assert torch.equal(storage[outside], storage_before[outside])
+
+
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_merge_unmerge_round_trip(device, dtype_name):
     dtype = DTYPES[dtype_name]
