@@ -7,12 +7,15 @@ separates the kernel from the host and the cache state: each call is preceded by
 `zero_` (leaves dirty lines in L2), a 256 MB read (leaves clean lines), or nothing (calls back to
 back: then the time is the host's, whenever the host is slower than the kernel). The `copy`
 provider copies the weight into another buffer of its size: the same bytes read and written as a
-merge, the rate a merge can reach. Writes bench/results/merge_timing-<device>.json.
+merge, the rate a merge can reach; `gemm` is lora_merge as a GEMM with the weight as its C operand
+(CUTLASS_EXT_LORA_MERGE_PASS=0), as it ran before the rank-r update pass. Writes
+bench/results/merge_timing-<device>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -61,11 +64,13 @@ def main(argv=None) -> int:
             # Alternate merge and unmerge so that the weight stays where it started.
             providers = {
                 "cutlass_ext": lambda i: cutlass_ext.lora_merge(w, a, b, 2.0, sign=1 if i % 2 == 0 else -1),
+                "gemm": lambda i: cutlass_ext.lora_merge(w, a, b, 2.0, sign=1 if i % 2 == 0 else -1),
                 "addmm": lambda i: w.addmm_(b, a, alpha=2.0 if i % 2 == 0 else -2.0),
                 "copy": lambda i: copy_dst.copy_(w),
             }
             for flush_name, flush in flushes.items():
                 for name, fn in providers.items():
+                    os.environ["CUTLASS_EXT_LORA_MERGE_PASS"] = "0" if name == "gemm" else "1"
                     times = time_calls(fn, flush, args.calls)
                     median = times[len(times) // 2]
                     rows.append({"out": out_f, "in": in_f, "r": r, "flush": flush_name, "provider": name,

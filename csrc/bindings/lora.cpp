@@ -26,7 +26,8 @@
 // dz. Elsewhere they are GEMMs with r rows, which the transposed small-M kernels stream over M
 // in 64-row tiles (computed as [M, r], the same products ran on 128-wide tiles of which r
 // columns are used, 1.4-1.55x slower: bench/NOTES.md, section 7).
-// CUTLASS_EXT_LORA_RANK_PASS=0 turns the pass off (every rank-r product a GEMM).
+// CUTLASS_EXT_LORA_RANK_PASS=0 turns the pass off (every rank-r product a GEMM), and
+// CUTLASS_EXT_LORA_MERGE_PASS=0 runs every merge as the GEMM.
 #include <torch/extension.h>
 
 #include <c10/core/DeviceGuard.h>
@@ -131,6 +132,7 @@ bool lora_overlap_enabled() { return switch_on("CUTLASS_EXT_LORA_OVERLAP"); }
 constexpr int64_t kOverlapMinElements = int64_t(1) << 23;
 
 bool rank_pass_enabled() { return switch_on("CUTLASS_EXT_LORA_RANK_PASS"); }
+bool merge_pass_enabled() { return switch_on("CUTLASS_EXT_LORA_MERGE_PASS"); }
 
 // Rank-r pass parameters over x [M, N] (unit column stride); the caller adds the products.
 RankPassParams rank_pass_over(const at::Tensor& x, int64_t r, const char* op) {
@@ -334,7 +336,7 @@ void lora_merge_cuda(const at::Tensor& weight, const at::Tensor& lora_A, const a
   u.b_stride_m = lora_B.stride(0);
   u.b_stride_r = lora_B.stride(1);
   u.alpha = float(scaling);
-  if (rank_update_supported(u)) {
+  if (merge_pass_enabled() && rank_update_supported(u)) {
     check_launch(rank_update(u, current_stream(weight.device())), op, "rank-r update");
     return;
   }

@@ -667,7 +667,9 @@ def test_every_kernel(name, monkeypatch):
             # (lora_B is the A operand, lora_A the B operand), checked to write W in place.
             W = rand(A.shape[0], B.shape[1], device="cuda", dtype=A.dtype)
             W0, ptr = W.clone(), W.data_ptr()
-            torch.ops.cutlass_ext.lora_merge(W, B, A, 0.5)
+            monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")  # the merge as a GEMM, not the rank-r pass
+            _, names = gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, B, A, 0.5))
+            assert len(names) == 1, names
             assert W.data_ptr() == ptr
             ref = W0.double() + 0.5 * (A.double() @ B.double())
             assert_close_to_reference(W, ref, torch.addmm(W0, A, B, alpha=0.5), dtype_name, what="merged W")
@@ -738,7 +740,8 @@ def test_lowk_kernel(dtype_name, layouts, k, monkeypatch):
     assert_close_to_reference(y, ref_linear(A, B, bias, "silu"), peer_linear(A, B, bias, "silu"), dtype_name)
     assert_close_to_reference(z, ref_linear(A, B, bias, "none"), peer_linear(A, B, bias, "none"), dtype_name,
                               what="aux")
-    # With C, in place: W += s * A @ B (a LoRA merge: lora_B is A, lora_A is B).
+    # With C, in place: W += s * A @ B (a LoRA merge as a GEMM: lora_B is A, lora_A is B).
+    monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")
     W = rand(m, n, device="cuda", dtype=dtype)
     W0, ptr = W.clone(), W.data_ptr()
     _, names = gemm_kernels_run(lambda: torch.ops.cutlass_ext.lora_merge(W, B, A, -0.75))
@@ -766,7 +769,8 @@ def test_lowk_kernel_walks_many_tiles_per_block(layouts, monkeypatch):
     out, names = gemm_kernels_run(lambda: cutlass_ext.matmul(A, B))
     assert len(names) == 1 and "lowk_gemm_kernel" in names[0], names
     assert_close_to_reference(out, A.double() @ B.double(), torch.matmul(A, B), "bf16")
-    # With C, in place, over 2048 x 4096 (512 tiles): a merge W += s * lora_B @ lora_A.
+    # With C, in place, over 2048 x 4096 (512 tiles): a merge W += s * lora_B @ lora_A as a GEMM.
+    monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")
     W = rand(2048, 4096, device="cuda", dtype=torch.bfloat16)
     lora_B = rand(2048, k, device="cuda", dtype=torch.bfloat16)
     lora_A = rand(k, 4096, device="cuda", dtype=torch.bfloat16)
@@ -1352,8 +1356,9 @@ def test_autotune_records_and_reuses(tuning_table):
 
 @requires_cuda
 @requires_sm90_path
-def test_autotune_in_place_accumulation_is_not_repeated(tuning_table):
+def test_autotune_in_place_accumulation_is_not_repeated(tuning_table, monkeypatch):
     # Tuning runs each candidate into scratch outputs: an in-place W += s * B A must add once.
+    monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")  # the merge as a GEMM
     W = rand(256, 192, device="cuda", dtype=torch.bfloat16)
     lora_a = rand(16, 192, device="cuda", dtype=torch.bfloat16)
     lora_b = rand(256, 16, device="cuda", dtype=torch.bfloat16)
@@ -1727,6 +1732,7 @@ def test_narrow_config_rejects_what_it_cannot_run():
     W = rand(64, 16, device="cuda", dtype=torch.bfloat16)
     with pytest.MonkeyPatch.context() as mp, pytest.raises(RuntimeError, match="no C source"):
         mp.setenv("CUTLASS_EXT_GEMM_CONFIG", "narrow_64")
+        mp.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")
         torch.ops.cutlass_ext.lora_merge(W, rand(8, 16, device="cuda", dtype=torch.bfloat16),
                                          rand(64, 8, device="cuda", dtype=torch.bfloat16), 0.5)
 
@@ -1822,9 +1828,11 @@ def test_lowk_kernel_unaligned_b_without_bias():
 
 
 @requires_cuda
-def test_lowk_kernel_packed_a_with_c():
-    # An in-place merge W += s * lora_B @ lora_A with a rank of 13: lora_B [m, 13] is a packed A,
-    # lora_A [13, n] an N-major B in 16-byte pieces, W the C source (its raw A tiles sit after C's).
+def test_lowk_kernel_packed_a_with_c(monkeypatch):
+    # An in-place merge W += s * lora_B @ lora_A with a rank of 13, as a GEMM: lora_B [m, 13] is a
+    # packed A, lora_A [13, n] an N-major B in 16-byte pieces, W the C source (its raw A tiles sit
+    # after C's).
+    monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")
     m, r, n = 1000, 13, 1032
     W = rand(m, n, device="cuda", dtype=torch.bfloat16)
     lora_A = rand(r, n, device="cuda", dtype=torch.bfloat16)

@@ -515,6 +515,18 @@ def test_merge_rank_update(dtype_name, shape, layout):
         assert torch.equal(storage[outside], storage_before[outside])
 
 
+@requires_cuda
+def test_merge_pass_switch(monkeypatch):
+    # CUTLASS_EXT_LORA_MERGE_PASS=0 runs the merge as the GEMM with W as C (comparison runs).
+    weight, lora_A, lora_B, _ = merge_operands(300, 200, 16, "contiguous", torch.bfloat16)
+    original = weight.clone()
+    monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")
+    _, names = cuda_kernels_run(lambda: cutlass_ext.lora_merge(weight, lora_A, lora_B, 0.75))
+    assert not any("rank_update_kernel" in n for n in names) and len(names) == 1, names
+    ref = original.double() + 0.75 * (lora_B.double() @ lora_A.double())
+    assert_close_to_reference(weight, ref, original + 0.75 * (lora_B @ lora_A), "bf16", what="merged weight")
+
+
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_merge_unmerge_round_trip(device, dtype_name):
     dtype = DTYPES[dtype_name]
