@@ -516,6 +516,22 @@ def test_merge_rank_update(dtype_name, shape, layout):
 
 
 @requires_cuda
+def test_cuda_graph_capture_merge():
+    # The rank-r pass launches on the current stream: captured in a CUDA graph (on a side stream),
+    # each replay adds the product once more, bitwise as eager calls do.
+    weight, lora_A, lora_B, _ = merge_operands(300, 200, 16, "contiguous", torch.bfloat16)
+    assert rank_update_takes(weight, 16)
+    expected = weight.clone()
+    graph, _ = capture_cuda_graph(lambda: cutlass_ext.lora_merge(weight, lora_A, lora_B, 0.5))  # runs once
+    graph.replay()
+    graph.replay()
+    for _ in range(3):
+        cutlass_ext.lora_merge(expected, lora_A, lora_B, 0.5)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(weight, expected, rtol=0, atol=0)
+
+
+@requires_cuda
 def test_merge_pass_switch(monkeypatch):
     # CUTLASS_EXT_LORA_MERGE_PASS=0 runs the merge as the GEMM with W as C (comparison runs).
     weight, lora_A, lora_B, _ = merge_operands(300, 200, 16, "contiguous", torch.bfloat16)
