@@ -3,9 +3,10 @@
 //   B [M, r]: B[m, k] at b + m * b_stride_m + k * b_stride_r
 //   A [r, N]: A[k, n] at a + k * a_stride_r + n * a_stride_n
 // W is read and written once in 16-byte pieces and the product costs r multiply-adds an element on
-// the tensor cores, so the update runs at the rate of a copy of W; alpha B A is accumulated in fp32
-// and added to W's fp32 value, one rounding to W's type. Where rank_update_supported is false the
-// caller runs the update as a GEMM with W as its C operand.
+// the tensor cores, so the update is bound by memory traffic: W's bytes, plus A's and B's re-read
+// from L2 by every tile (0.19x W's bytes at r = 8, 1.5x at r = 64; bench/NOTES.md section 59).
+// alpha B A is accumulated in fp32 and added to W's fp32 value, one rounding to W's type. Where
+// rank_update_supported is false the caller runs the update as a GEMM with W as its C operand.
 #pragma once
 
 #include <cstdint>
