@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (add_timer_arguments, geomean, graphed, timer_from_args, timer_settings,  # noqa: E402
+from _common import (add_timer_arguments, geomean, graphed_cases, timer_from_args, timer_settings,  # noqa: E402
                      write_results)
 
 import cutlass_ext  # noqa: E402
@@ -124,8 +124,7 @@ def main(argv=None) -> int:
                     flops = 2 * m * n * k * (3 if needs_grad else 1)
                     cases = {name: case_fn(mode, fn, x, w, b, grad) for name, fn in table.items()}
                     if args.graphs:
-                        cases = {name: graphed(name, fn) for name, fn in cases.items()}
-                        cases = {name: fn for name, fn in cases.items() if fn is not None}
+                        cases = graphed_cases(cases)
                     times = timer.median_us_many(cases)
                     for name, us in times.items():
                         rows.append({"mode": mode, "activation": act, "dtype": dtype_name, "set": set_name,
