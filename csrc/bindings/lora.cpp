@@ -328,7 +328,7 @@ void lora_merge_cuda(const at::Tensor& weight, const at::Tensor& lora_A, const a
   u.N = weight.size(1);
   u.r = int(std::min<int64_t>(lora_A.size(0), INT32_MAX));
   u.w = weight.data_ptr();
-  u.ldw = weight.stride(1) == 1 ? weight.stride(0) : 0;
+  u.ldw = weight.stride(1) == 1 ? weight.stride(0) : 0;  // 0: not unit column stride, which the pass refuses
   u.a = lora_A.data_ptr();
   u.a_stride_r = lora_A.stride(0);
   u.a_stride_n = lora_A.stride(1);

@@ -49,23 +49,11 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return w;
 }
 
-struct Args {
-  int64_t M, N;
-  int r;
-  void* w;
-  int64_t ldw;
-  const void* a;
-  int64_t a_stride_r, a_stride_n;
-  const void* b;
-  int64_t b_stride_m, b_stride_r;
-  float alpha;
-  bool a_vec;  // A's rows in 16-byte pieces (unit column stride, aligned)
-  bool b_vec;  // B's rows in 16-byte pieces (unit rank stride, aligned, r a multiple of 8)
-};
-
-// kKB 16-deep k blocks: r <= 16 kKB, the rest of the last block zero.
+// kKB 16-deep k blocks: r <= 16 kKB, the rest of the last block zero. a_vec: A's rows in 16-byte
+// pieces (unit column stride, aligned); b_vec: B's rows in 16-byte pieces (unit rank stride,
+// aligned, r a multiple of 8).
 template <class T, int kKB>
-__global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(Args p) {
+__global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(RankUpdateParams p, bool a_vec, bool b_vec) {
   constexpr int kR = 16 * kKB;
   constexpr int kBStride = kR + 8;  // B row in shared memory: 48-144 bytes, conflict-free ldmatrix
   __shared__ alignas(16) T a_s[kR * kSlotStride];
@@ -92,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(Args p) {
 
   // A's strip [kR, 64] in slot order, zero past r and N.
   const T* const a = static_cast<const T*>(p.a);
-  if (p.a_vec) {
+  if (a_vec) {
     for (int i = threadIdx.x; i < kR * (kTileN / 8); i += kThreads) {
       const int k = i / (kTileN / 8), c8 = i % (kTileN / 8);
       const int64_t n = n0 + 8 * c8;
@@ -113,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(Args p) {
   }
   // B's rows [128, kR], zero past r and M.
   const T* const b = static_cast<const T*>(p.b);
-  if (p.b_vec) {
+  if (b_vec) {
     for (int i = threadIdx.x; i < kTileM * (kR / 8); i += kThreads) {
       const int m = i / (kR / 8), k8 = i % (kR / 8);
       const uint4 v = m0 + m < p.M && 8 * k8 < p.r
@@ -173,17 +161,17 @@ __global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(Args p) {
 }
 
 template <class T>
-LaunchResult launch(Args const& a, cudaStream_t stream) {
-  const dim3 grid(unsigned(ceil_div(a.N, kTileN)), unsigned(ceil_div(a.M, kTileM)));
-  const int kb = (a.r + 15) / 16;
+LaunchResult launch(RankUpdateParams const& p, bool a_vec, bool b_vec, cudaStream_t stream) {
+  const dim3 grid(unsigned(ceil_div(p.N, kTileN)), unsigned(ceil_div(p.M, kTileM)));
+  const int kb = (p.r + 15) / 16;
   if (kb == 1) {
-    rank_update_kernel<T, 1><<<grid, kThreads, 0, stream>>>(a);
+    rank_update_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
   } else if (kb == 2) {
-    rank_update_kernel<T, 2><<<grid, kThreads, 0, stream>>>(a);
+    rank_update_kernel<T, 2><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
   } else if (kb == 3) {
-    rank_update_kernel<T, 3><<<grid, kThreads, 0, stream>>>(a);
+    rank_update_kernel<T, 3><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
   } else {
-    rank_update_kernel<T, 4><<<grid, kThreads, 0, stream>>>(a);
+    rank_update_kernel<T, 4><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
   }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
@@ -200,12 +188,10 @@ bool rank_update_supported(RankUpdateParams const& p) {
 
 LaunchResult rank_update(RankUpdateParams const& p, cudaStream_t stream) {
   if (!rank_update_supported(p)) return {"can_implement", "the rank-r update does not take these operands"};
-  Args a{p.M, p.N, p.r, p.w, p.ldw, p.a, p.a_stride_r, p.a_stride_n, p.b, p.b_stride_m, p.b_stride_r, p.alpha,
-         false, false};
-  a.a_vec = p.a_stride_n == 1 && p.a_stride_r % 8 == 0 && aligned16(p.a);
-  a.b_vec = p.b_stride_r == 1 && p.b_stride_m % 8 == 0 && p.r % 8 == 0 && aligned16(p.b);
-  if (p.dtype == DType::kF16) return launch<cutlass::half_t>(a, stream);
-  return launch<cutlass::bfloat16_t>(a, stream);
+  const bool a_vec = p.a_stride_n == 1 && p.a_stride_r % 8 == 0 && aligned16(p.a);
+  const bool b_vec = p.b_stride_r == 1 && p.b_stride_m % 8 == 0 && p.r % 8 == 0 && aligned16(p.b);
+  if (p.dtype == DType::kF16) return launch<cutlass::half_t>(p, a_vec, b_vec, stream);
+  return launch<cutlass::bfloat16_t>(p, a_vec, b_vec, stream);
 }
 
 }  // namespace cutlass_ext
