@@ -8,7 +8,8 @@ separates the kernel from the host and the cache state: each call is preceded by
 back: then the time is the host's, whenever the host is slower than the kernel). The `copy`
 provider copies the weight into another buffer of its size: the same bytes read and written as a
 merge, the rate a merge can reach; `gemm` is lora_merge as a GEMM with the weight as its C operand
-(CUTLASS_EXT_LORA_MERGE_PASS=0), as it ran before the rank-r update pass. Writes
+(CUTLASS_EXT_LORA_MERGE_PASS=0), as it ran before the rank-r update pass; `pass128x64` and
+`pass256x256` run the pass on that block tile whatever its rule picks. Writes
 bench/results/merge_timing-<device>.json.
 """
 
@@ -25,6 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import warm_up_gpu, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
+
+
+PROVIDERS = ("cutlass_ext", "gemm", "pass128x64", "pass256x256", "addmm", "copy")
+PASS_SETTING = {"gemm": "0", "pass128x64": "128x64", "pass256x256": "256x256"}
 
 
 def time_calls(fn, flush, n):
@@ -45,8 +50,13 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="4096x4096", help="comma-separated out x in")
     parser.add_argument("--ranks", default="8,16,64")
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--providers", default=",".join(PROVIDERS))
+    parser.add_argument("--flushes", default="zero,read,none")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    unknown = set(args.providers.split(",")) - set(PROVIDERS)
+    if unknown:
+        parser.error(f"unknown providers {sorted(unknown)}; choose from {', '.join(PROVIDERS)}")
     if not torch.cuda.is_available():
         print("bench/merge_timing.py needs a CUDA GPU")
         return 1
@@ -54,6 +64,8 @@ def main(argv=None) -> int:
     warm_up_gpu()
     buf = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     flushes = {"zero": lambda: buf.zero_(), "read": lambda: buf.sum(dtype=torch.int64), "none": lambda: None}
+    flushes = {k: v for k, v in flushes.items() if k in args.flushes.split(",")}
+    wanted = args.providers.split(",")
     rows = []
     for out_f, in_f in shapes:
         copy_dst = torch.empty(out_f, in_f, device="cuda", dtype=torch.bfloat16)
@@ -62,15 +74,18 @@ def main(argv=None) -> int:
             a = torch.randn(r, in_f, device="cuda", dtype=torch.bfloat16) / in_f**0.5
             b = torch.randn(out_f, r, device="cuda", dtype=torch.bfloat16) / r**0.5
             # Alternate merge and unmerge so that the weight stays where it started.
+            def merge(i):
+                cutlass_ext.lora_merge(w, a, b, 2.0, sign=1 if i % 2 == 0 else -1)
+
             providers = {
-                "cutlass_ext": lambda i: cutlass_ext.lora_merge(w, a, b, 2.0, sign=1 if i % 2 == 0 else -1),
-                "gemm": lambda i: cutlass_ext.lora_merge(w, a, b, 2.0, sign=1 if i % 2 == 0 else -1),
+                "cutlass_ext": merge, "gemm": merge, "pass128x64": merge, "pass256x256": merge,
                 "addmm": lambda i: w.addmm_(b, a, alpha=2.0 if i % 2 == 0 else -2.0),
                 "copy": lambda i: copy_dst.copy_(w),
             }
             for flush_name, flush in flushes.items():
-                for name, fn in providers.items():
-                    os.environ["CUTLASS_EXT_LORA_MERGE_PASS"] = "0" if name == "gemm" else "1"
+                for name in wanted:
+                    fn = providers[name]
+                    os.environ["CUTLASS_EXT_LORA_MERGE_PASS"] = PASS_SETTING.get(name, "1")
                     times = time_calls(fn, flush, args.calls)
                     median = times[len(times) // 2]
                     rows.append({"out": out_f, "in": in_f, "r": r, "flush": flush_name, "provider": name,

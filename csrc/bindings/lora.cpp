@@ -132,7 +132,23 @@ bool lora_overlap_enabled() { return switch_on("CUTLASS_EXT_LORA_OVERLAP"); }
 constexpr int64_t kOverlapMinElements = int64_t(1) << 23;
 
 bool rank_pass_enabled() { return switch_on("CUTLASS_EXT_LORA_RANK_PASS"); }
-bool merge_pass_enabled() { return switch_on("CUTLASS_EXT_LORA_MERGE_PASS"); }
+
+// CUTLASS_EXT_LORA_MERGE_PASS: unset or 1, the rank-r update pass on the tile its rule picks; 0,
+// the GEMM with W as C; 128x64 or 256x256, the pass on that tile (comparison runs).
+enum class MergePath { kGemm, kPass };
+MergePath merge_path(RankUpdateTile* tile) {
+  *tile = RankUpdateTile::kAuto;
+  const char* v = std::getenv("CUTLASS_EXT_LORA_MERGE_PASS");
+  if (v == nullptr) return MergePath::kPass;
+  const std::string s(v);
+  if (s == "0") return MergePath::kGemm;
+  if (s == "128x64") *tile = RankUpdateTile::k128x64;
+  if (s == "256x256") *tile = RankUpdateTile::k256x256;
+  CE_CHECK(s == "1" || *tile != RankUpdateTile::kAuto, "lora_merge: CUTLASS_EXT_LORA_MERGE_PASS=", s,
+              " is not one of 0 (the GEMM), 1 (the rank-r update pass, the default), 128x64 or 256x256 (the pass on ",
+              "that tile); unset it or set one of those");
+  return MergePath::kPass;
+}
 
 // Rank-r pass parameters over x [M, N] (unit column stride); the caller adds the products.
 RankPassParams rank_pass_over(const at::Tensor& x, int64_t r, const char* op) {
@@ -336,7 +352,8 @@ void lora_merge_cuda(const at::Tensor& weight, const at::Tensor& lora_A, const a
   u.b_stride_m = lora_B.stride(0);
   u.b_stride_r = lora_B.stride(1);
   u.alpha = float(scaling);
-  if (merge_pass_enabled() && rank_update_supported(u)) {
+  u.sm_count = sm_count(weight.device().index());
+  if (merge_path(&u.tile) == MergePath::kPass && rank_update_supported(u)) {
     check_launch(rank_update(u, current_stream(weight.device())), op, "rank-r update");
     return;
   }

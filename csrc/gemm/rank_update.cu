@@ -8,20 +8,42 @@
 namespace cutlass_ext {
 namespace {
 
-// A block updates a 128 x 64 tile of W: 8 warps of 16 rows each. A warp's 16 x 64 product is 8
-// m16n8 mma tiles, and the columns of A's strip are stored in shared memory permuted ("slots") so
-// that the accumulator fragment of lane (g, t) holds two 8-column pieces of W's rows g and g + 8:
-// columns 8t .. 8t + 7 (n-tiles 0-3) and 32 + 8t .. 32 + 8t + 7 (n-tiles 4-7). W is then read and
-// written in 16-byte pieces, and a warp's access to a row covers 64 adjacent bytes (two whole
-// sectors). Slot 8j + n of n-tile j (n = 2t + e in the fragment) holds column
-// 32 (j / 4) + 8t + 2 (j % 4) + e.
+// A block of 8 warps updates a kM x kN tile of W (Tile below). B's kM rows and A's kN-column
+// strip are staged in shared memory once, then each warp walks its sub-tiles of 16 rows x 64
+// columns, loading the next sub-tile's W pieces while it computes one. The tile's size sets the L2
+// traffic: a block reads r (kM + kN) x 2 bytes of A and B for kM kN x 2 bytes of W, 0.375 r / 16
+// of W's bytes on 128 x 64 tiles and 0.125 r / 16 on 256 x 256 (the update ran at the rate of its
+// L2 bytes, bench/NOTES.md section 59). The small tile has 16x the blocks, which matters where the
+// large tiles leave a last round of blocks mostly empty (see rank_update_tile).
+// A sub-tile's 16 x 64 product is 8 m16n8 mma tiles, and the columns of A's strip are stored
+// permuted ("slots") within each 64-column group so that the accumulator fragment of lane (g, t)
+// holds two 8-column pieces of W's rows g and g + 8: columns 8t .. 8t + 7 (n-tiles 0-3) and
+// 32 + 8t .. 32 + 8t + 7 (n-tiles 4-7) of the group. W is then read and written in 16-byte pieces,
+// and a warp's access to a row covers 64 adjacent bytes (two whole sectors). Slot 8j + n of n-tile
+// j (n = 2t + e in the fragment) holds column 32 (j / 4) + 8t + 2 (j % 4) + e of its group.
 constexpr int kThreads = 256;
-constexpr int kTileM = 128;
-constexpr int kTileN = 64;
-constexpr int kSlotStride = kTileN + 8;  // A strip row in shared memory: 144 bytes, conflict-free ldmatrix
+constexpr int kWarps = kThreads / 32;
+constexpr int kGroupN = 64;
+
+template <int kM_, int kN_, int kMinBlocks_>
+struct Tile {
+  static constexpr int kM = kM_, kN = kN_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // blocks an SM (__launch_bounds__)
+  static constexpr int kWarpRowGroups = kM / 16 / kWarps;  // 16-row groups a warp
+  static constexpr int kColGroups = kN / kGroupN;
+  static constexpr int kSubTiles = kWarpRowGroups * kColGroups;  // a warp's
+  static constexpr int kSlotStride = kN + 8;  // A strip row in shared memory: conflict-free ldmatrix
+  static_assert(kM % (16 * kWarps) == 0 && kN % kGroupN == 0, "whole sub-tiles a warp");
+  // Shared memory of a block: A's strip [16 k_blocks, kSlotStride], then B's rows [kM, 16 k_blocks + 8].
+  static constexpr int shared_bytes(int k_blocks) { return (16 * k_blocks * kSlotStride + kM * (16 * k_blocks + 8)) * 2; }
+};
+using SmallTile = Tile<128, 64, 3>;
+using LargeTile = Tile<256, 256, 2>;
+
+__host__ __device__ constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
 
 __host__ __device__ constexpr int slot_of_column(int c) {
-  return 8 * (4 * (c / 32) + (c % 8) / 2) + 2 * ((c % 32) / 8) + c % 2;
+  return kGroupN * (c / kGroupN) + 8 * (4 * ((c % kGroupN) / 32) + (c % 8) / 2) + 2 * ((c % 32) / 8) + c % 2;
 }
 
 // Two 16-bit values of a 32-bit word as fp32 (the low half first), and back, rounded to nearest.
@@ -52,36 +74,52 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // kKB 16-deep k blocks: r <= 16 kKB, the rest of the last block zero. a_vec: A's rows in 16-byte
 // pieces (unit column stride, aligned); b_vec: B's rows in 16-byte pieces (unit rank stride,
 // aligned, r a multiple of 8).
-template <class T, int kKB>
-__global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(RankUpdateParams p, bool a_vec, bool b_vec) {
-  constexpr int kR = 16 * kKB;
+template <class T, int kKB, class TileT>
+__global__ void __launch_bounds__(kThreads, TileT::kMinBlocks)
+    rank_update_kernel(RankUpdateParams p, bool a_vec, bool b_vec) {
+  constexpr int kR = 16 * kKB, kTileM = TileT::kM, kTileN = TileT::kN, kSlotStride = TileT::kSlotStride;
+  constexpr int kColGroups = TileT::kColGroups, kSubTiles = TileT::kSubTiles;
   constexpr int kBStride = kR + 8;  // B row in shared memory: 48-144 bytes, conflict-free ldmatrix
-  __shared__ alignas(16) T a_s[kR * kSlotStride];
-  __shared__ alignas(16) T b_s[kTileM * kBStride];
+  extern __shared__ uint4 shared_words[];
+  T* const a_s = reinterpret_cast<T*>(shared_words);
+  T* const b_s = a_s + kR * kSlotStride;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t n0 = int64_t(blockIdx.x) * kTileN, m0 = int64_t(blockIdx.y) * kTileM;
-
-  // W's pieces first: their loads are in flight while A and B are staged. Raw words, so that
-  // each piece is one 16-byte load and one 16-byte store.
+  const int64_t m0 = int64_t(blockIdx.y) * kTileM, n0 = int64_t(blockIdx.x) * kTileN;
   T* const w = static_cast<T*>(p.w);
-  const int64_t col = n0 + 8 * t;
-  uint4 wv[2][2];
-  bool ok[2][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = m0 + warp * 16 + g + 8 * h;
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      ok[h][v] = row < p.M && col + 32 * v < p.N;
-      wv[h][v] = ok[h][v] ? *reinterpret_cast<const uint4*>(w + row * p.ldw + col + 32 * v) : make_uint4(0, 0, 0, 0);
-    }
-  }
 
-  // A's strip [kR, 64] in slot order, zero past r and N.
+  // Sub-tile s of this warp: row group kWarpRowGroups warp + s / kColGroups (16 rows), column group
+  // s % kColGroups (64 columns). Its pieces for this lane: rows g, g + 8 (h), columns 8t and 32 + 8t
+  // (v) of the group.
+  auto row_group = [&](int s) { return TileT::kWarpRowGroups * warp + s / kColGroups; };
+  auto row_of = [&](int s, int h) { return m0 + 16 * row_group(s) + g + 8 * h; };
+  auto col_of = [&](int s, int v) { return n0 + kGroupN * (s % kColGroups) + 8 * t + 32 * v; };
+  auto piece_ok = [&](int s, int h, int v) { return row_of(s, h) < p.M && col_of(s, v) < p.N; };
+  auto load_sub = [&](int s, uint4 (&wv)[2][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        wv[h][v] = piece_ok(s, h, v) ? *reinterpret_cast<const uint4*>(w + row_of(s, h) * p.ldw + col_of(s, v))
+                                     : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // The first sub-tile's pieces are in flight while A and B are staged.
+  uint4 wv[2][2];
+  load_sub(0, wv);
+
+  // A's strip [kR, kTileN] in slot order, zero past r and N.
   const T* const a = static_cast<const T*>(p.a);
   if (a_vec) {
-    for (int i = threadIdx.x; i < kR * (kTileN / 8); i += kThreads) {
+    // A fixed count of pieces a thread, unrolled, so that all of a thread's loads are in flight
+    // at once (a loop bounded by threadIdx.x ran them one after another: the 256 x 256 tile took
+    // 1.02-1.08x longer).
+    constexpr int kPieces = kR * (kTileN / 8);
+#pragma unroll
+    for (int it = 0; it < ceil_div_c(kPieces, kThreads); ++it) {
+      const int i = threadIdx.x + it * kThreads;
+      if (kPieces % kThreads != 0 && i >= kPieces) break;
       const int k = i / (kTileN / 8), c8 = i % (kTileN / 8);
       const int64_t n = n0 + 8 * c8;
       const uint4 v = k < p.r && n < p.N ? *reinterpret_cast<const uint4*>(a + k * p.a_stride_r + n)
@@ -99,10 +137,14 @@ __global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(RankUpdatePara
       a_s[k * kSlotStride + slot_of_column(c)] = k < p.r && n < p.N ? a[k * p.a_stride_r + n * p.a_stride_n] : T(0.f);
     }
   }
-  // B's rows [128, kR], zero past r and M.
+  // B's rows [kTileM, kR], zero past r and M.
   const T* const b = static_cast<const T*>(p.b);
   if (b_vec) {
-    for (int i = threadIdx.x; i < kTileM * (kR / 8); i += kThreads) {
+    constexpr int kPieces = kTileM * (kR / 8);
+#pragma unroll
+    for (int it = 0; it < ceil_div_c(kPieces, kThreads); ++it) {
+      const int i = threadIdx.x + it * kThreads;
+      if (kPieces % kThreads != 0 && i >= kPieces) break;
       const int m = i / (kR / 8), k8 = i % (kR / 8);
       const uint4 v = m0 + m < p.M && 8 * k8 < p.r
                           ? *reinterpret_cast<const uint4*>(b + (m0 + m) * p.b_stride_m + 8 * k8)
@@ -117,73 +159,119 @@ __global__ void __launch_bounds__(kThreads, 3) rank_update_kernel(RankUpdatePara
   }
   __syncthreads();
 
-  float acc[8][4];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-  }
   const int quad = lane / 8, in_quad = lane % 8;
+  uint32_t af[kKB][4];
+#pragma unroll 1
+  for (int s = 0; s < kSubTiles; ++s) {
+    uint4 next[2][2];
+    if (s + 1 < kSubTiles) load_sub(s + 1, next);
+    if (s % kColGroups == 0) {  // a new row group: its B fragments
 #pragma unroll
-  for (int kb = 0; kb < kKB; ++kb) {
-    uint32_t af[4];
-    ldmatrix_x4(af, &b_s[(warp * 16 + (quad % 2) * 8 + in_quad) * kBStride + kb * 16 + (quad / 2) * 8], false);
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      uint32_t bf[4];
-      ldmatrix_x4(bf, &a_s[(kb * 16 + (quad % 2) * 8 + in_quad) * kSlotStride + 8 * (2 * jj + quad / 2)], true);
-      const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-      mma_16816<T>(acc[2 * jj], af, b0);
-      mma_16816<T>(acc[2 * jj + 1], af, b1);
-    }
-  }
-
-  // acc[j][2h + e] is row g + 8h, column 32 (j / 4) + 8t + 2 (j % 4) + e: piece j / 4, word j % 4.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = m0 + warp * 16 + g + 8 * h;
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      if (!ok[h][v]) continue;
-      uint32_t in[4] = {wv[h][v].x, wv[h][v].y, wv[h][v].z, wv[h][v].w}, out[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 x = unpack2<T>(in[q]);
-        const float* d = acc[4 * v + q];
-        out[q] = pack2<T>(fmaf(p.alpha, d[2 * h], x.x), fmaf(p.alpha, d[2 * h + 1], x.y));
+      for (int kb = 0; kb < kKB; ++kb) {
+        ldmatrix_x4(af[kb], &b_s[(16 * row_group(s) + (quad % 2) * 8 + in_quad) * kBStride + kb * 16 + (quad / 2) * 8],
+                    false);
       }
-      // One 16-byte store (nvcc split a plain uint4 store of these words into four).
-      asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(w + row * p.ldw + col + 32 * v), "r"(out[0]),
-                   "r"(out[1]), "r"(out[2]), "r"(out[3])
-                   : "memory");
+    }
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    }
+    const T* const strip = a_s + kGroupN * (s % kColGroups);
+#pragma unroll
+    for (int kb = 0; kb < kKB; ++kb) {
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, &strip[(kb * 16 + (quad % 2) * 8 + in_quad) * kSlotStride + 8 * (2 * jj + quad / 2)], true);
+        const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+        mma_16816<T>(acc[2 * jj], af[kb], b0);
+        mma_16816<T>(acc[2 * jj + 1], af[kb], b1);
+      }
+    }
+
+    // acc[j][2h + e] is row g + 8h, column 32 (j / 4) + 8t + 2 (j % 4) + e: piece (h, j / 4), word j % 4.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        if (!piece_ok(s, h, v)) continue;
+        const uint32_t in[4] = {wv[h][v].x, wv[h][v].y, wv[h][v].z, wv[h][v].w};
+        uint32_t out[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 x = unpack2<T>(in[q]);
+          const float* d = acc[4 * v + q];
+          out[q] = pack2<T>(fmaf(p.alpha, d[2 * h], x.x), fmaf(p.alpha, d[2 * h + 1], x.y));
+        }
+        // One 16-byte store (nvcc split a plain uint4 store of these words into four).
+        asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(w + row_of(s, h) * p.ldw + col_of(s, v)),
+                     "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
+                     : "memory");
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int v = 0; v < 2; ++v) wv[h][v] = next[h][v];
     }
   }
 }
 
-template <class T>
-LaunchResult launch(RankUpdateParams const& p, bool a_vec, bool b_vec, cudaStream_t stream) {
-  const dim3 grid(unsigned(ceil_div(p.N, kTileN)), unsigned(ceil_div(p.M, kTileM)));
-  const int kb = (p.r + 15) / 16;
-  if (kb == 1) {
-    rank_update_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
-  } else if (kb == 2) {
-    rank_update_kernel<T, 2><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
-  } else if (kb == 3) {
-    rank_update_kernel<T, 3><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
-  } else {
-    rank_update_kernel<T, 4><<<grid, kThreads, 0, stream>>>(p, a_vec, b_vec);
+template <class T, int kKB, class TileT>
+LaunchResult launch_blocks(RankUpdateParams const& p, bool a_vec, bool b_vec, cudaStream_t stream) {
+  const auto kernel = rank_update_kernel<T, kKB, TileT>;
+  constexpr int kShared = TileT::shared_bytes(kKB);
+  if constexpr (kShared > 48 * 1024) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return {"launch", "no current CUDA device"};
+    if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) != cudaSuccess) {
+      return {"initialize", "the rank-r update needs more shared memory than the device allows"};
+    }
   }
+  const dim3 grid(unsigned(ceil_div(p.N, TileT::kN)), unsigned(ceil_div(p.M, TileT::kM)));
+  kernel<<<grid, kThreads, kShared, stream>>>(p, a_vec, b_vec);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return {"launch", cudaGetErrorString(err)};
   return {};
 }
 
+template <class T, class TileT>
+LaunchResult launch(RankUpdateParams const& p, bool a_vec, bool b_vec, cudaStream_t stream) {
+  const int kb = (p.r + 15) / 16;
+  if (kb == 1) return launch_blocks<T, 1, TileT>(p, a_vec, b_vec, stream);
+  if (kb == 2) return launch_blocks<T, 2, TileT>(p, a_vec, b_vec, stream);
+  if (kb == 3) return launch_blocks<T, 3, TileT>(p, a_vec, b_vec, stream);
+  return launch_blocks<T, 4, TileT>(p, a_vec, b_vec, stream);
+}
+
+template <class T>
+LaunchResult launch(RankUpdateParams const& p, bool a_vec, bool b_vec, cudaStream_t stream) {
+  if (rank_update_tile(p) == RankUpdateTile::k256x256) return launch<T, LargeTile>(p, a_vec, b_vec, stream);
+  return launch<T, SmallTile>(p, a_vec, b_vec, stream);
+}
+
 }  // namespace
+
+RankUpdateTile rank_update_tile(RankUpdateParams const& p) {
+  if (p.tile != RankUpdateTile::kAuto) return p.tile;
+  // The large tile's blocks run in rounds of 2 an SM. Measured on an H200 (bench/NOTES.md section
+  // 60): from r = 17 its third of the L2 bytes pays (1.10-1.32x the small tile) unless its blocks
+  // fill under half the SMs' slots (2048 x 2048: 64 blocks, 0.8x). At r <= 16 the small tile's
+  // extra bytes are few and its finer grid wins (1.02-1.09x), except over one full round.
+  const int64_t blocks = ceil_div(p.M, LargeTile::kM) * ceil_div(p.N, LargeTile::kN);
+  const int64_t slots = int64_t(LargeTile::kMinBlocks) * (p.sm_count > 0 ? p.sm_count : 132);
+  const int64_t rounds = ceil_div(blocks, slots);
+  const double fill = double(blocks) / double(rounds * slots);
+  const bool large = p.r > 16 ? fill >= 0.5 : rounds == 1 && fill >= 0.9;
+  return large ? RankUpdateTile::k256x256 : RankUpdateTile::k128x64;
+}
 
 bool rank_update_supported(RankUpdateParams const& p) {
   if (p.dtype == DType::kF32 || p.r < 1 || p.r > 64 || p.M < 1 || p.N < 1) return false;
   if (p.N % 8 != 0 || p.ldw % 8 != 0 || p.ldw < p.N || !aligned16(p.w)) return false;
-  return ceil_div(p.M, kTileM) <= 65535 && ceil_div(p.N, kTileN) <= INT32_MAX;
+  return ceil_div(p.M, SmallTile::kM) <= 65535 && ceil_div(p.N, SmallTile::kN) <= INT32_MAX;
 }
 
 LaunchResult rank_update(RankUpdateParams const& p, cudaStream_t stream) {

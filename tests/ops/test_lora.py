@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -490,21 +491,45 @@ def merge_operands(out_f, in_f, r, layout, dtype):
     return weight, lora_A, lora_B, storage
 
 
+def rank_update_tile(out_f, in_f, r):
+    """The block tile the pass picks by its rule (csrc/gemm/rank_update.cu, rank_update_tile): the
+    256 x 256 tile from r = 17 where its blocks fill their rounds of 2 an SM to half or more, and at
+    r <= 16 where they fill one round to 90% or more."""
+    slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = math.ceil(out_f / 256) * math.ceil(in_f / 256)
+    rounds = math.ceil(blocks / slots)
+    fill = blocks / (rounds * slots)
+    large = fill >= 0.5 if r > 16 else rounds == 1 and fill >= 0.9
+    return "256x256" if large else "128x64"
+
+
+def tile_of(names):
+    """The tile of the rank-r update kernel among the kernels that ran ("128x64" or "256x256")."""
+    tiles = {f"{m}x{n}" for name in names for m, n in re.findall(r"rank_update_kernel<.*Tile<(\d+), (\d+)", name)}
+    assert len(tiles) == 1, names
+    return tiles.pop()
+
+
 @requires_cuda
 @pytest.mark.parametrize("shape", [(257, 136, 16), (300, 200, 24), (130, 4104, 40), (96, 64, 5), (128, 64, 64),
-                                   (128, 64, 65), (64, 60, 8)])
+                                   (128, 64, 65), (64, 60, 8), (520, 584, 16)])
 @pytest.mark.parametrize("layout", ["contiguous", "weight_slice", "weight_odd_stride", "factors_transposed"])
 @pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
-def test_merge_rank_update(dtype_name, shape, layout):
-    # Tails in both dimensions (rows past a 128-row tile, 8 columns past a 64-column one), r from 5
-    # to 65, and every layout: where the rank-r pass takes the operands it must be the kernel that
-    # ran, and the storage around a sliced weight must be untouched.
+@pytest.mark.parametrize("tile", ["1", "128x64", "256x256"])
+def test_merge_rank_update(dtype_name, shape, layout, tile, monkeypatch):
+    # Tails in both dimensions (rows past a 128- and a 256-row tile, 8 columns past a 64- and a
+    # 256-column one), r from 5 to 65, both block tiles and the rule's pick ("1"), and every
+    # layout: where the rank-r pass takes the operands it must be the kernel that ran, on the tile
+    # asked for, and the storage around a sliced weight must be untouched.
     dtype = DTYPES[dtype_name]
     out_f, in_f, r = shape
     weight, lora_A, lora_B, storage = merge_operands(out_f, in_f, r, layout, dtype)
     original, storage_before = weight.clone(), storage.clone()
+    monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", tile)
     _, names = cuda_kernels_run(lambda: cutlass_ext.lora_merge(weight, lora_A, lora_B, 0.75))
     assert any("rank_update_kernel" in n for n in names) == rank_update_takes(weight, r), names
+    if rank_update_takes(weight, r):
+        assert tile_of(names) == (rank_update_tile(out_f, in_f, r) if tile == "1" else tile)
     peer = original + 0.75 * (lora_B @ lora_A)
     ref = original.double() + 0.75 * (lora_B.double() @ lora_A.double())
     assert_close_to_reference(weight, ref, peer, dtype_name, what="merged weight")
@@ -541,6 +566,26 @@ def test_merge_pass_switch(monkeypatch):
     assert not any("rank_update_kernel" in n for n in names) and len(names) == 1, names
     ref = original.double() + 0.75 * (lora_B.double() @ lora_A.double())
     assert_close_to_reference(weight, ref, original + 0.75 * (lora_B @ lora_A), "bf16", what="merged weight")
+
+
+@requires_cuda
+@pytest.mark.parametrize("out_f, in_f, r", [(4096, 4096, 8), (11008, 4096, 16), (11008, 4096, 32), (2048, 2048, 64),
+                                            (8192, 8192, 16), (5120, 5120, 24)])
+def test_merge_tile_rule(out_f, in_f, r):
+    # The tile the pass picks on real sizes (the bench's merges among them) is the rule's.
+    weight = rand(out_f, in_f, device="cuda", dtype=torch.bfloat16)
+    lora_A = rand(r, in_f, device="cuda", dtype=torch.bfloat16)
+    lora_B = rand(out_f, r, device="cuda", dtype=torch.bfloat16)
+    _, names = cuda_kernels_run(lambda: cutlass_ext.lora_merge(weight, lora_A, lora_B, 0.5))
+    assert tile_of(names) == rank_update_tile(out_f, in_f, r)
+
+
+@requires_cuda
+def test_merge_pass_setting_rejected(monkeypatch):
+    weight, lora_A, lora_B, _ = merge_operands(64, 64, 8, "contiguous", torch.bfloat16)
+    monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "64x64")
+    with pytest.raises(RuntimeError, match="CUTLASS_EXT_LORA_MERGE_PASS=64x64 is not one of 0"):
+        cutlass_ext.lora_merge(weight, lora_A, lora_B, 0.5)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
