@@ -10,11 +10,14 @@ namespace {
 
 // A block of 8 warps updates a kM x kN tile of W (Tile below). B's kM rows and A's kN-column
 // strip are staged in shared memory once, then each warp walks its sub-tiles of 16 rows x 64
-// columns, loading the next sub-tile's W pieces while it computes one. The tile's size sets the L2
-// traffic: a block reads r (kM + kN) x 2 bytes of A and B for kM kN x 2 bytes of W, 0.375 r / 16
-// of W's bytes on 128 x 64 tiles and 0.125 r / 16 on 256 x 256 (the update ran at the rate of its
-// L2 bytes, bench/NOTES.md section 59). The small tile has 16x the blocks, which matters where the
-// large tiles leave a last round of blocks mostly empty (see rank_update_tile).
+// columns with later sub-tiles' W pieces in flight: on 256 x 256 tiles 1-3 sub-tiles ahead through
+// a ring of shared-memory stages filled by cp.async, on 128 x 64 tiles (one sub-tile a warp) the
+// first sub-tile's during the staging. The pass is bound by the bytes it keeps in flight (ncu:
+// neither DRAM nor L2 saturated; the ring made the 256 x 256 tile 1.01-1.08x faster, bench/NOTES.md
+// section 60). The tile's size sets the L2 traffic: a block reads r (kM + kN) x 2 bytes of A and B
+// for kM kN x 2 bytes of W, 0.375 r / 16 of W's bytes on 128 x 64 tiles and 0.125 r / 16 on
+// 256 x 256. The small tile has 16x the blocks, which matters where the large tiles leave a last
+// round of blocks mostly empty (see rank_update_tile).
 // A sub-tile's 16 x 64 product is 8 m16n8 mma tiles, and the columns of A's strip are stored
 // permuted ("slots") within each 64-column group so that the accumulator fragment of lane (g, t)
 // holds two 8-column pieces of W's rows g and g + 8: columns 8t .. 8t + 7 (n-tiles 0-3) and
@@ -25,7 +28,9 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kGroupN = 64;
 
-template <int kM_, int kN_, int kMinBlocks_>
+// kRing: each warp's W pieces come through a ring of shared-memory stages filled by cp.async,
+// several sub-tiles ahead, instead of one sub-tile ahead in registers.
+template <int kM_, int kN_, int kMinBlocks_, bool kRing>
 struct Tile {
   static constexpr int kM = kM_, kN = kN_;
   static constexpr int kMinBlocks = kMinBlocks_;  // blocks an SM (__launch_bounds__)
@@ -34,11 +39,16 @@ struct Tile {
   static constexpr int kSubTiles = kWarpRowGroups * kColGroups;  // a warp's
   static constexpr int kSlotStride = kN + 8;  // A strip row in shared memory: conflict-free ldmatrix
   static_assert(kM % (16 * kWarps) == 0 && kN % kGroupN == 0, "whole sub-tiles a warp");
-  // Shared memory of a block: A's strip [16 k_blocks, kSlotStride], then B's rows [kM, 16 k_blocks + 8].
-  static constexpr int shared_bytes(int k_blocks) { return (16 * k_blocks * kSlotStride + kM * (16 * k_blocks + 8)) * 2; }
+  // Stages of the ring (0: no ring), as many as leave kMinBlocks blocks an SM their shared memory.
+  static constexpr int stages(int k_blocks) { return !kRing ? 0 : k_blocks >= 4 ? 2 : k_blocks == 3 ? 3 : 4; }
+  // Shared memory of a block: A's strip [16 k_blocks, kSlotStride], B's rows [kM, 16 k_blocks + 8],
+  // then the ring [stages][warps][4 pieces][32 lanes] of 16 bytes.
+  static constexpr int shared_bytes(int k_blocks) {
+    return (16 * k_blocks * kSlotStride + kM * (16 * k_blocks + 8)) * 2 + stages(k_blocks) * kWarps * 4 * 32 * 16;
+  }
 };
-using SmallTile = Tile<128, 64, 3>;
-using LargeTile = Tile<256, 256, 2>;
+using SmallTile = Tile<128, 64, 3, false>;
+using LargeTile = Tile<256, 256, 2, true>;
 
 __host__ __device__ constexpr int ceil_div_c(int a, int b) { return (a + b - 1) / b; }
 
@@ -105,9 +115,33 @@ __global__ void __launch_bounds__(kThreads, TileT::kMinBlocks)
       }
     }
   };
-  // The first sub-tile's pieces are in flight while A and B are staged.
-  uint4 wv[2][2];
-  load_sub(0, wv);
+  // The ring's pieces of this lane (stage, piece 2h + v): lane-private, so a lane waits for its own
+  // copies only. Sub-tile s goes to stage s % kStages; issue_sub commits one group even past the
+  // last sub-tile, so that "sub-tile s landed" is always "at most kStages - 1 groups pending".
+  constexpr int kStages = TileT::stages(kKB);
+  uint4* const ring = reinterpret_cast<uint4*>(b_s + kTileM * kBStride);
+  auto ring_piece = [&](int stage, int piece) { return ring + ((stage * kWarps + warp) * 4 + piece) * 32 + lane; };
+  auto issue_sub = [&](int s) {
+    if (s < kSubTiles) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const bool ok = piece_ok(s, h, v);
+          cp_async_16_or_zero(ring_piece(s % kStages, 2 * h + v), ok ? w + row_of(s, h) * p.ldw + col_of(s, v) : w, ok);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  // The first sub-tiles' pieces are in flight while A and B are staged.
+  uint4 wv[2][2];  // the current sub-tile's pieces
+  if constexpr (kStages == 0) {
+    load_sub(0, wv);
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue_sub(s);
+  }
 
   // A's strip [kR, kTileN] in slot order, zero past r and N.
   const T* const a = static_cast<const T*>(p.a);
@@ -164,7 +198,11 @@ __global__ void __launch_bounds__(kThreads, TileT::kMinBlocks)
 #pragma unroll 1
   for (int s = 0; s < kSubTiles; ++s) {
     uint4 next[2][2];
-    if (s + 1 < kSubTiles) load_sub(s + 1, next);
+    if constexpr (kStages == 0) {
+      if (s + 1 < kSubTiles) load_sub(s + 1, next);
+    } else {
+      issue_sub(s + kStages - 1);
+    }
     if (s % kColGroups == 0) {  // a new row group: its B fragments
 #pragma unroll
       for (int kb = 0; kb < kKB; ++kb) {
@@ -191,6 +229,15 @@ __global__ void __launch_bounds__(kThreads, TileT::kMinBlocks)
       }
     }
 
+    if constexpr (kStages > 0) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");  // sub-tile s landed
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) wv[h][v] = *ring_piece(s % kStages, 2 * h + v);
+      }
+    }
+
     // acc[j][2h + e] is row g + 8h, column 32 (j / 4) + 8t + 2 (j % 4) + e: piece (h, j / 4), word j % 4.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -211,10 +258,12 @@ __global__ void __launch_bounds__(kThreads, TileT::kMinBlocks)
                      : "memory");
       }
     }
+    if constexpr (kStages == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int v = 0; v < 2; ++v) wv[h][v] = next[h][v];
+        for (int v = 0; v < 2; ++v) wv[h][v] = next[h][v];
+      }
     }
   }
 }
