@@ -306,14 +306,16 @@ LaunchResult launch(RankUpdateParams const& p, bool a_vec, bool b_vec, cudaStrea
 RankUpdateTile rank_update_tile(RankUpdateParams const& p) {
   if (p.tile != RankUpdateTile::kAuto) return p.tile;
   // The large tile's blocks run in rounds of 2 an SM. Measured on an H200 (bench/NOTES.md section
-  // 60): from r = 17 its third of the L2 bytes pays (1.10-1.32x the small tile) unless its blocks
+  // 60): from r = 17 its third of the L2 bytes pays (1.10-1.31x the small tile) unless its blocks
   // fill under half the SMs' slots (2048 x 2048: 64 blocks, 0.8x). At r <= 16 the small tile's
-  // extra bytes are few and its finer grid wins (1.02-1.09x), except over one full round.
+  // extra bytes are few, and its finer grid wins where the large tile's rounds are not nearly
+  // full (5120 x 5120, 76%: 1.06-1.08x before the large tile's ring); at 87% and more the large
+  // tile with its ring wins (1.01-1.13x).
   const int64_t blocks = ceil_div(p.M, LargeTile::kM) * ceil_div(p.N, LargeTile::kN);
   const int64_t slots = int64_t(LargeTile::kMinBlocks) * (p.sm_count > 0 ? p.sm_count : 132);
   const int64_t rounds = ceil_div(blocks, slots);
   const double fill = double(blocks) / double(rounds * slots);
-  const bool large = p.r > 16 ? fill >= 0.5 : rounds == 1 && fill >= 0.9;
+  const bool large = p.r > 16 ? fill >= 0.5 : fill >= 0.85;
   return large ? RankUpdateTile::k256x256 : RankUpdateTile::k128x64;
 }
 
