@@ -305,6 +305,13 @@ LaunchResult launch(RankUpdateParams const& p, bool a_vec, bool b_vec, cudaStrea
 
 RankUpdateTile rank_update_tile(RankUpdateParams const& p) {
   if (p.tile != RankUpdateTile::kAuto) return p.tile;
+  // The large tile's block takes up to 103 KB of shared memory (its ring's stages among it): more
+  // than a block may have on GPUs of compute capability 8.6 and 8.9 (99 KB), which take the small.
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      LargeTile::shared_bytes((p.r + 15) / 16) > max_dynamic_shared_bytes(device) - int(kSharedRowReserve)) {
+    return RankUpdateTile::k128x64;
+  }
   // The large tile's blocks run in rounds of 2 an SM. Measured on an H200 (bench/NOTES.md section
   // 60): from r = 17 its third of the L2 bytes pays (1.10-1.31x the small tile) unless its blocks
   // fill under half the SMs' slots (2048 x 2048: 64 blocks, 0.8x). At r <= 16 the small tile's
