@@ -320,15 +320,24 @@ def lora_merge(weight, lora_A, lora_B, scaling, *, sign=+1):
     if sign not in (1, -1):
         raise ValueError(f"cutlass_ext.{op}: sign must be +1 (merge) or -1 (unmerge), got {sign!r}")
     alpha = float(sign * scaling)
-    if weight.is_cuda and not torch.compiler.is_compiling():
-        # An eager CUDA call skips the dispatcher's autograd and ADInplaceOrView keys: it bumps the
-        # version counter here, as the ADInplaceOrView kernel above would from a Python callback,
-        # and needs no no_grad (the kernel records nothing): 16.3 -> 11.9 us of host time a call on
-        # an H200's host (bench/NOTES.md section 60).
-        torch.autograd.graph.increment_version(weight)
-        with torch._C._AutoDispatchBelowADInplaceOrView():
-            torch.ops.cutlass_ext.lora_merge.default(weight, lora_A, lora_B, alpha)
+    if weight.is_cuda and _BELOW_AD_INPLACE is not None and not torch.compiler.is_compiling():
+        _merge_below_autograd(weight, lora_A, lora_B, alpha)
     else:
         with torch.no_grad():
             torch.ops.cutlass_ext.lora_merge(weight, lora_A, lora_B, alpha)
     return weight
+
+
+# The dispatcher's guard that skips the autograd and ADInplaceOrView keys (a private torch API: where
+# a torch lacks it, every call takes the dispatcher's full path).
+_BELOW_AD_INPLACE = getattr(torch._C, "_AutoDispatchBelowADInplaceOrView", None)
+
+
+def _merge_below_autograd(weight, lora_A, lora_B, alpha: float) -> None:
+    """lora_merge's eager path: bumps the weight's version counter here, as the ADInplaceOrView
+    kernel above would from a Python callback, and dispatches below that key and autograd's (no
+    no_grad needed: nothing is recorded). 16.3 -> 11.9 us of host time a CUDA call on an H200's
+    host (bench/NOTES.md section 60)."""
+    torch.autograd.graph.increment_version(weight)
+    with _BELOW_AD_INPLACE():
+        torch.ops.cutlass_ext.lora_merge.default(weight, lora_A, lora_B, alpha)

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import cutlass_ext
 from cutlass_ext import _kernel_table
 from cutlass_ext.ops import _activation, _rng
+from cutlass_ext.ops import lora as lora_ops
 
 from ..conftest import requires_cuda
 from ..helpers import (
@@ -638,6 +639,26 @@ def test_merge_after_forward_is_caught_by_autograd(device):
     weight.requires_grad_()
     y = cutlass_ext.lora_linear(x, weight, lora_A, lora_B, scaling=1.0)
     cutlass_ext.lora_merge(weight, lora_A, lora_B, 1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.skipif(lora_ops._BELOW_AD_INPLACE is None, reason="this torch lacks the dispatcher guard")
+def test_merge_below_autograd_path(device):
+    # lora_merge's eager CUDA path (below the autograd and ADInplaceOrView keys, the version bumped
+    # by hand), run on every device here: a trainable leaf is merged in place without a grad_fn,
+    # lora_A's requires_grad records nothing, and a backward that saved the weight still fails.
+    x = rand(8, 24, device=device, dtype=torch.float32).requires_grad_()
+    weight, lora_A, lora_B, _ = make_params(24, 16, 4, device, torch.float32, bias=False)
+    weight = torch.nn.Parameter(weight)
+    lora_A.requires_grad_()
+    ref = weight.detach().double() + 0.5 * (lora_B.detach().double() @ lora_A.detach().double())
+    y = torch.nn.functional.linear(x, weight)
+    version = weight._version
+    with fp32_precision("fp32"):
+        lora_ops._merge_below_autograd(weight, lora_A, lora_B, 0.5)
+    assert weight._version > version and weight.requires_grad and weight.grad_fn is None
+    torch.testing.assert_close(weight.detach().double(), ref, rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
 
