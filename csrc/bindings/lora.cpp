@@ -145,8 +145,8 @@ MergePath merge_path(RankUpdateTile* tile) {
   if (s == "128x64") *tile = RankUpdateTile::k128x64;
   if (s == "256x256") *tile = RankUpdateTile::k256x256;
   CE_CHECK(s == "1" || *tile != RankUpdateTile::kAuto, "lora_merge: CUTLASS_EXT_LORA_MERGE_PASS=", s,
-              " is not one of 0 (the GEMM), 1 (the rank-r update pass, the default), 128x64 or 256x256 (the pass on ",
-              "that tile); unset it or set one of those");
+           " is not one of 0 (the GEMM), 1 (the rank-r update pass, the default), 128x64 or 256x256 (the pass on ",
+           "that tile); unset it or set one of those");
   return MergePath::kPass;
 }
 

@@ -86,7 +86,7 @@ __device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
   store_pack<T, kVec>(dst, pk);
 }
 
-CE_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+CE_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The smallest power of two >= n (1 for n <= 1).
 inline int64_t pow2_at_least(int64_t n) {
