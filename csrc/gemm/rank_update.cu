@@ -314,17 +314,16 @@ RankUpdateTile rank_update_tile(RankUpdateParams const& p) {
       LargeTile::shared_bytes((p.r + 15) / 16) > max_dynamic_shared_bytes(device) - int(kSharedRowReserve)) {
     return RankUpdateTile::k128x64;
   }
-  // The large tile's blocks run in rounds of 2 an SM. Measured on an H200 (bench/NOTES.md section
-  // 60): from r = 17 its third of the L2 bytes pays (1.10-1.31x the small tile) unless its blocks
-  // fill under half the SMs' slots (2048 x 2048: 64 blocks, 0.8x). At r <= 16 the small tile's
-  // extra bytes are few, and its finer grid wins where the large tile's rounds are not nearly
-  // full (5120 x 5120, 76%: 1.06-1.08x before the large tile's ring); at 87% and more the large
-  // tile with its ring wins (1.01-1.13x).
+  // The large tile's blocks run in rounds of 2 an SM. Measured on an H200 with its ring
+  // (bench/NOTES.md section 61, 28 merges from 2048 x 2048 to 14336 x 4096): at r <= 32 it is the
+  // faster tile or within 2% of the small one on every shape, however few its blocks (2048 x
+  // 2048 r = 16, 64 blocks: 1.03x); at r = 64 it loses where its blocks fill under half the SMs'
+  // slots (2048 x 2048: 0.91x), the A and B bytes it saves being few against its longer blocks.
   const int64_t blocks = ceil_div(p.M, LargeTile::kM) * ceil_div(p.N, LargeTile::kN);
   const int64_t slots = int64_t(LargeTile::kMinBlocks) * (p.sm_count > 0 ? p.sm_count : 132);
   const int64_t rounds = ceil_div(blocks, slots);
   const double fill = double(blocks) / double(rounds * slots);
-  const bool large = p.r > 16 ? fill >= 0.5 : fill >= 0.85;
+  const bool large = p.r <= 32 || fill >= 0.5;
   return large ? RankUpdateTile::k256x256 : RankUpdateTile::k128x64;
 }
 

@@ -501,15 +501,15 @@ def large_tile_fits():
 
 def rank_update_tile(out_f, in_f, r):
     """The block tile the pass picks by its rule (csrc/gemm/rank_update.cu, rank_update_tile): the
-    256 x 256 tile from r = 17 where its blocks fill their rounds of 2 an SM to half or more, and at
-    r <= 16 where they fill them to 85% or more; the small tile wherever the large one does not fit."""
+    256 x 256 tile up to r = 32, and above where its blocks fill their rounds of 2 an SM to half or
+    more; the small tile wherever the large one does not fit."""
     if not large_tile_fits():
         return "128x64"
     slots = 2 * torch.cuda.get_device_properties(0).multi_processor_count
     blocks = math.ceil(out_f / 256) * math.ceil(in_f / 256)
     rounds = math.ceil(blocks / slots)
     fill = blocks / (rounds * slots)
-    large = fill >= 0.5 if r > 16 else fill >= 0.85
+    large = r <= 32 or fill >= 0.5
     return "256x256" if large else "128x64"
 
 
@@ -582,7 +582,8 @@ def test_merge_pass_switch(monkeypatch):
 
 @requires_cuda
 @pytest.mark.parametrize("out_f, in_f, r", [(4096, 4096, 8), (11008, 4096, 16), (11008, 4096, 32), (2048, 2048, 64),
-                                            (8192, 8192, 16), (5120, 5120, 24), (5120, 5120, 16)])
+                                            (2048, 2048, 16), (2048, 2048, 40), (8192, 8192, 16), (5120, 5120, 24),
+                                            (14336, 4096, 16)])
 def test_merge_tile_rule(out_f, in_f, r):
     # The tile the pass picks on real sizes (the bench's merges among them) is the rule's.
     weight = rand(out_f, in_f, device="cuda", dtype=torch.bfloat16)
