@@ -184,6 +184,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits until all of this thread's cp.async copies have landed.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Waits until at most kPending of this thread's most recent commit groups are still in flight
+// (the older ones have landed): a pipeline's "stage s landed".
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Issues the copies of every group of a row (in order, one commit group each).
 template <class T>
 __device__ __forceinline__ void copy_row_async(T* dst, const T* src, int64_t cols) {
@@ -211,10 +218,10 @@ __device__ __forceinline__ void copy_row_pair_async(T* dst0, const T* src0, T* d
 __device__ __forceinline__ void wait_row_group(int g) {
   static_assert(kRowGroups == 4, "one case per group below");
   switch (g) {
-    case 0: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 0: cp_async_wait_pending<3>(); break;
+    case 1: cp_async_wait_pending<2>(); break;
+    case 2: cp_async_wait_pending<1>(); break;
+    default: cp_async_wait_pending<0>(); break;
   }
 }
 

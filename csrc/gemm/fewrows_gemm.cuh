@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
   const int g = lane / 4, t = lane % 4;  // the fragment coordinates of the PTX ISA
   float acc[kTilesN][4] = {};
   for (int s = 0; s < stages; ++s) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // stage s landed
+    cp_async_wait_pending<kStages - 2>();  // stage s landed
     __syncthreads();  // ... for every thread; and every warp is done with the buffer refilled next
     if (s + kStages - 1 < stages) issue(s + kStages - 1);
     cp_async_commit();
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) fewrows_gemm_kernel(GemmParams p) {
       }
     }
   }
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  cp_async_wait_pending<0>();
   __syncthreads();  // the stages are free: they hold the K parts' sums now
 
   // sums[part][weight row][row of A]

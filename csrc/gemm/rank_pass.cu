@@ -49,11 +49,6 @@ struct PassArgs {
   float* part_cols;  // [gridDim.y][N][r_pad]
 };
 
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait_pending() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // kNT: n8 tiles of the rank (r padded to 8 kNT with zero rows of P and Q).
 template <class T, int kNT, bool kRows, bool kCols, bool kPNMajor>
 __global__ void __launch_bounds__(kThreads, 1) rank_pass_kernel(PassArgs a) {

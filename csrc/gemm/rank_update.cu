@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, TileT::kMinBlocks)
     }
 
     if constexpr (kStages > 0) {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");  // sub-tile s landed
+      cp_async_wait_pending<kStages - 1>();  // sub-tile s landed
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) wgrad_gemm_kernel(Args a) {
     for (int j = 0; j < kJ; ++j) acc[c][j] = 0.f;
   }
   for (int i = 0; i < mine; ++i) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // chunk i landed (this lane's part)
+    cp_async_wait_pending<kStages - 2>();  // chunk i landed (this lane's part)
     __syncwarp();  // every lane's part landed; every lane is done with chunk i - 1, whose stage is refilled next
     load(i + kStages - 1);
     const float* xs = ring + (i % kStages) * stage_floats<kJ>();
