@@ -551,27 +551,41 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 // kCluster: the row is split over a cluster of CTAs (common/cluster_rows.cuh), `slice` columns
 // each; every CTA takes its slice's mean and squared deviations as above, and the slices'
 // moments are merged as sums over the ranks in every CTA alike (cluster_butterfly).
-template <class T, int kThreads, bool kRelu, bool kDropout, bool kCluster>
-__device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const& p, int slice) {
+//
+// kSpill (with kCluster): the slice is longer than the CTA's shared memory for it; its first
+// `held` columns are copied in as above and the rest (the tail) is read from memory in the
+// statistics pass and read again in the normalize pass. The tails of the CTAs in flight (about
+// 64 KB each) stay within L2, so the second read comes mostly from L2, where the one-block two-pass
+// kernel's rows in flight (one whole row per block) do not fit it. Tail pieces are read
+// kSpillBatch at a time, so a thread keeps that many loads in flight.
+constexpr int kSpillBatch = 4;
+template <class T, int kThreads, bool kRelu, bool kDropout, bool kCluster, bool kSpill = false>
+__device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const& p, int slice, int held = 0) {
+  static_assert(kCluster || !kSpill, "a slice spills only in a cluster");
   constexpr int kVec = vec_width<T>();
   extern __shared__ __align__(16) unsigned char shared_row_raw[];
   T* row_s = reinterpret_cast<T*>(shared_row_raw);
   const int64_t row = kCluster ? cluster_row() : int64_t(blockIdx.x);
-  const int cols = int(p.cols);  // the row (or its slice) fits in shared memory
+  const int cols = int(p.cols);  // the row (or its slice) fits in shared memory, or the launcher checked int
   const RowSlice part = kCluster ? cluster_slice(p.cols, slice) : RowSlice{0, cols};
-  copy_row_async(row_s, static_cast<const T*>(p.x) + row * p.x_ld + part.begin, part.n);
+  const T* x_part = static_cast<const T*>(p.x) + row * p.x_ld + part.begin;
+  const int in_smem = kSpill ? min(part.n, held) : part.n;  // held: a multiple of kVec
+  copy_row_async(row_s, x_part, in_smem);
   const uint64_t seed = dropout_seed<kDropout>(p.dropout);
+  const int stride = int(blockDim.x) * kVec;
 
   // The shift: this thread's first element (its round 0, in group 0; a thread with no piece at all
-  // has nothing to sum).
-  wait_row_group(0);
+  // has nothing to sum). With a tail it is read from memory, so that the tail's loads need not
+  // wait for group 0 to land.
   const int own_first = int(threadIdx.x) * kVec;
+  if constexpr (!kSpill) wait_row_group(0);
   const float shift =
-      own_first < part.n ? raw_at<T, kVec>(raw_input<kRelu>(load_raw<T, kVec>(row_s + own_first)), 0) : 0.f;
+      own_first < part.n
+          ? raw_at<T, kVec>(raw_input<kRelu>(load_raw<T, kVec>((kSpill ? x_part : row_s) + own_first)), 0)
+          : 0.f;
   float s1 = 0.f, s2 = 0.f;
   int count = 0;
-  for_own_pieces_landing<T>(part.n, [&](int col) {
-    const RawVec<T, kVec> r = raw_input<kRelu>(load_raw<T, kVec>(row_s + col));
+  auto add_piece = [&](RawVec<T, kVec> const& r) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const float d = raw_at<T, kVec>(r, j) - shift;
@@ -579,7 +593,22 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
       s2 = fmaf(d, d, s2);
     }
     count += kVec;
-  });
+  };
+  if constexpr (kSpill) {
+    // The tail first, while the copies of the held columns land.
+    for (int base = in_smem + own_first; base < part.n; base += kSpillBatch * stride) {
+      RawVec<T, kVec> r[kSpillBatch];
+#pragma unroll
+      for (int b = 0; b < kSpillBatch; ++b) {
+        if (base + b * stride < part.n) r[b] = load_raw<T, kVec>(x_part + base + b * stride);
+      }
+#pragma unroll
+      for (int b = 0; b < kSpillBatch; ++b) {
+        if (base + b * stride < part.n) add_piece(raw_input<kRelu>(r[b]));
+      }
+    }
+  }
+  for_own_pieces_landing<T>(in_smem, [&](int col) { add_piece(raw_input<kRelu>(load_raw<T, kVec>(row_s + col))); });
   __shared__ float scratch[kThreads / 32];
   const float inv_cols = __frcp_rn(float(cols));
   float mean, rstd;
@@ -614,8 +643,7 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   T* y = static_cast<T*>(p.y) + row * p.y_ld + part.begin;
   const uint64_t first_index = uint64_t(row) * uint64_t(cols) + uint64_t(part.begin);
   auto normalize = [&](auto has_weight, auto has_bias) {
-    for_all_own_pieces<T>(part.n, [&](int col) {
-      const RawVec<T, kVec> r = raw_input<kRelu>(load_raw<T, kVec>(row_s + col));
+    auto piece = [&](int col, RawVec<T, kVec> const& r) {
       RawVec<T, kVec> w, b;
       if constexpr (decltype(has_weight)::value) {
         w = load_raw<T, kVec>(weight + col);
@@ -634,7 +662,25 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
       }
       if (drop.on) drop.apply<kVec>(h, first_index + uint64_t(col));
       store_vec<T, kVec>(y + col, h);
-    });
+    };
+    for_all_own_pieces<T>(in_smem, [&](int col) { piece(col, raw_input<kRelu>(load_raw<T, kVec>(row_s + col))); });
+    if constexpr (kSpill) {
+      // The tail again (mostly from L2), kBatch loads in flight before any store: a store to y
+      // may alias x as far as the compiler knows, so it would not move later loads above it. Two
+      // for 16-bit types, whose pieces take eight floats each: four spilled at 56 registers.
+      constexpr int kBatch = sizeof(T) == 4 ? kSpillBatch : kSpillBatch / 2;
+      for (int base = in_smem + own_first; base < part.n; base += kBatch * stride) {
+        RawVec<T, kVec> r[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          if (base + b * stride < part.n) r[b] = load_raw<T, kVec>(x_part + base + b * stride);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          if (base + b * stride < part.n) piece(base + b * stride, raw_input<kRelu>(r[b]));
+        }
+      }
+    }
   };
   using Yes = std::true_type;
   using No = std::false_type;
@@ -658,6 +704,14 @@ template <class T, int kThreads, bool kRelu, bool kDropout>
 __global__ void __launch_bounds__(kThreads, kThreads == kClusterWideThreads ? 3 : 0)
     layer_norm_fwd_cluster_kernel(LayerNormParams p, int slice) {
   layer_norm_fwd_shared_row<T, kThreads, kRelu, kDropout, true>(p, slice);
+}
+
+// Slices longer than their CTA's shared memory (rows over ~900 KB): `held` columns of each in
+// shared memory, the rest read twice (kSpill above); three 384-thread CTAs an SM, as above.
+template <class T, bool kRelu, bool kDropout>
+__global__ void __launch_bounds__(kClusterWideThreads, 3)
+    layer_norm_fwd_cluster_spill_kernel(LayerNormParams p, int slice, int held) {
+  layer_norm_fwd_shared_row<T, kClusterWideThreads, kRelu, kDropout, true, true>(p, slice, held);
 }
 
 // Rows too long for registers: a block per row, statistics pass then normalize pass.
@@ -746,6 +800,21 @@ void launch_forward_vec(LayerNormParams const& p, cudaStream_t stream) {
     if (ranks > 1 && shared_rows_that_fit<T>(row_cluster_slice(p.cols, ranks, kVec), &device) < 2) ranks = 0;
     if (ranks > 1 && launch_shared(std::true_type{}, ranks)) return;
     if (rows_that_fit >= 1 && launch_shared(std::false_type{}, 1)) return;
+    // Longer rows: the most ranks, each holding kRowClusterSliceBytes of its slice in shared
+    // memory and reading the rest twice.
+    const int spill_ranks = row_cluster_limit(device);
+    if (spill_ranks > 1 && p.cols <= int64_t(INT32_MAX) - int64_t(spill_ranks) * kVec) {
+      const int slice = row_cluster_slice(p.cols, spill_ranks, kVec);
+      const int held = int(kRowClusterSliceBytes / int64_t(sizeof(T)));
+      auto kernel = with_relu_dropout(p, [](auto relu, auto dropout) {
+        return layer_norm_fwd_cluster_spill_kernel<T, decltype(relu)::value, decltype(dropout)::value>;
+      });
+      const size_t bytes = size_t(std::min(slice, held)) * sizeof(T);
+      if (allow_large_dynamic_shared(reinterpret_cast<const void*>(kernel), device) == cudaSuccess &&
+          launch_row_clusters(kernel, p.rows, spill_ranks, kClusterWideThreads, bytes, stream, p, slice, held)) {
+        return;
+      }
+    }
   }
   auto kernel = p.dropout.seed != nullptr ? layer_norm_fwd_long_kernel<T, kVec, kLongThreads, true>
                                           : layer_norm_fwd_long_kernel<T, kVec, kLongThreads, false>;

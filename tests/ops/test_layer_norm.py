@@ -125,8 +125,9 @@ def test_every_row_config(device, dtype_name, cols):
 # Rows too long for registers: read once through shared memory on the vector path. The forward holds
 # a row of up to 64 KB in one CTA (256-thread blocks where four rows fit an SM, as 8200 fp32 columns
 # do, else 512) and splits a longer one over a cluster of 2-8 CTAs (64 KB slices where 8 suffice,
-# else as long as two slices fit an SM: a row over ~900 KB takes two passes over memory);
-# CUTLASS_EXT_ROW_CLUSTER=1 keeps a row in one CTA where it fits, else two passes. The backward's
+# else as long as two slices fit an SM); a row over ~900 KB goes over a cluster of 8 whose CTAs hold
+# 64 KB of their slices and read the rest twice ("cluster_spill"); CUTLASS_EXT_ROW_CLUSTER=1 keeps
+# a row in one CTA where it fits, else two passes over memory in one CTA. The backward's
 # dx kernel holds x and dy in one CTA where both fit, else two passes. The scalar path always
 # takes the two passes.
 @requires_cuda
@@ -137,9 +138,9 @@ def test_every_row_config(device, dtype_name, cols):
     ("fp32", 8200, None, "shared", "shared"),
     ("fp32", 65536, None, "cluster", "long"), ("fp32", 65536, "1", "long", "long"),
     ("bf16", 262144, None, "cluster", "long"), ("fp32", 131072, None, "cluster", "long"),
-    ("fp32", 262144, None, "long", "long"), ("bf16", 393216, None, "cluster", "long"),
-    ("bf16", 524288, None, "long", "long"),
-    ("bf16", 262144, "2", "long", "long"), ("bf16", 20001, None, "long", "long")])
+    ("fp32", 262144, None, "cluster_spill", "long"), ("bf16", 393216, None, "cluster", "long"),
+    ("bf16", 524288, None, "cluster_spill", "long"), ("fp32", 262144, "1", "long", "long"),
+    ("bf16", 262144, "2", "cluster_spill", "long"), ("bf16", 20001, None, "long", "long")])
 def test_long_rows_take_shared_memory_where_they_fit(monkeypatch, dtype_name, cols, clusters, forward, backward):
     dtype = DTYPES[dtype_name]
     rows = 3 if cols > 65536 else 7
@@ -186,10 +187,47 @@ def test_cluster_rows_match_one_block_rows(monkeypatch, dtype_name):
         torch.testing.assert_close(c.float(), one.float(), rtol=tol, atol=tol * scale, msg=name)
 
 
-# Many rows of the cluster path, more clusters than fit the GPU at once (about 200 two-CTA or 50
-# eight-CTA clusters on an H100 or H200), with and without dropout.
+# Slices that spill (part of each CTA's slice read twice from memory) against the one-CTA two-pass
+# kernel on the same rows: the same dropout mask, the same values up to the order of the sums; a
+# large common offset, which the sums about a shift must not cancel into the variance; rows whose
+# tails end part-way through a batch of pieces (the column counts are no multiple of the CTAs'
+# column strides), and two CTAs a row (CUTLASS_EXT_ROW_CLUSTER=2, tails of three times the held part).
 @requires_cuda
-@pytest.mark.parametrize("dtype_name,rows,cols", [("bf16", 400, 65536), ("bf16", 150, 262144), ("fp32", 300, 32768)])
+@pytest.mark.parametrize("dtype_name,cols,clusters,offset", [
+    ("fp32", 262144, None, 0.3), ("fp32", 250004, None, 100.0), ("bf16", 600008, None, 0.3),
+    ("fp16", 524288, None, -0.5), ("bf16", 262144, "2", 0.3)])
+def test_spilled_cluster_rows_match_two_pass_rows(monkeypatch, dtype_name, cols, clusters, offset):
+    dtype = DTYPES[dtype_name]
+    x = rand(3, cols, device="cuda", dtype=dtype, scale=2.0, offset=offset)
+    weight, bias = make_affine("both", cols, "cuda", dtype)
+    seed = torch.tensor([4242], dtype=torch.int64, device="cuda")
+    results = []
+    for setting in (clusters or "8", "1"):
+        monkeypatch.setenv("CUTLASS_EXT_ROW_CLUSTER", setting)
+        torch.cuda.synchronize()
+        (res, names) = cuda_kernels_run(
+            lambda: torch.ops.cutlass_ext.layer_norm(x, weight, bias, 1e-5, True, 0.2, seed))
+        kernel = "layer_norm_fwd_cluster_spill_kernel" if setting != "1" else "layer_norm_fwd_long_kernel"
+        assert any(kernel in n for n in names), names
+        results.append(res)
+    (out_s, mean_s, rstd_s), (out_1, mean_1, rstd_1) = results
+    assert torch.equal(out_s == 0, out_1 == 0)
+    torch.testing.assert_close(mean_s, mean_1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd_s, rstd_1, rtol=1e-4, atol=0)
+    # fp32 x near 100 is itself known to ~8e-6 (its spacing), 4e-6 of y at unit variance.
+    tol = {"fp16": 2e-3, "bf16": 1.6e-2, "fp32": 1e-5 * (1 + abs(offset) / 10)}[dtype_name]
+    torch.testing.assert_close(out_s, out_1, rtol=tol, atol=tol)
+    monkeypatch.delenv("CUTLASS_EXT_ROW_CLUSTER")
+    plain = cutlass_ext.layer_norm(x, weight, bias, relu=True)
+    assert_close_to_reference(plain, ref_layer_norm(x, weight, bias, relu=True),
+                              peer_layer_norm(x, weight, bias, relu=True), dtype_name)
+
+
+# Many rows of the cluster path, more clusters than fit the GPU at once (about 200 two-CTA or 50
+# eight-CTA clusters on an H100 or H200), with and without dropout; the spilled slices too.
+@requires_cuda
+@pytest.mark.parametrize("dtype_name,rows,cols", [("bf16", 400, 65536), ("bf16", 150, 262144), ("fp32", 300, 32768),
+                                                  ("fp32", 120, 262144)])
 def test_cluster_rows_many_rows(dtype_name, rows, cols):
     dtype = DTYPES[dtype_name]
     x = rand(rows, cols, device="cuda", dtype=dtype, scale=2.0, offset=0.3)
