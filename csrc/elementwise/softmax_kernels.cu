@@ -33,6 +33,11 @@ constexpr int64_t kBackwardMaxRowCols = int64_t(kRowMaxThreads) * kBackwardMaxEl
 // Long rows: 512 threads, each with 4 vector loads in flight per step (2 of dy and 2 of y in the
 // backward), which keeps them at 2 blocks per multiprocessor.
 constexpr int kLongThreads = 512;
+// Threads of the row-cluster CTAs (forward and backward; their kernels use 31-34 registers, so
+// three 64 KB-slice CTAs an SM either way): 384 against 512 measured on an H200 (bench/NOTES.md
+// section 62) bf16 forward 1.02-1.03x at 1024x131072 and 512x262144, fwd+bwd 1.03x at 512x262144,
+// fp32 1.00-1.02x, no shape slower.
+constexpr int kClusterThreads = 384;
 constexpr int kLongUnroll = 4;
 constexpr int kLongBackwardUnroll = 2;
 // Row splitting: aim for 4 blocks per multiprocessor; no chunk shorter than 8192 elements.
@@ -645,7 +650,7 @@ bool launch_shared_rows(Params const& p, int buffers, void (*single)(Params), vo
     const int slice = row_cluster_slice(p.cols, ranks, vec_width<T>());
     const size_t bytes = size_t(buffers) * size_t(slice) * sizeof(T);
     if (allow_large_dynamic_shared(reinterpret_cast<const void*>(cluster), device) == cudaSuccess &&
-        launch_row_clusters(cluster, p.rows, ranks, kLongThreads, bytes, stream, p, slice)) {
+        launch_row_clusters(cluster, p.rows, ranks, kClusterThreads, bytes, stream, p, slice)) {
       return true;
     }
   }
