@@ -26,8 +26,10 @@ namespace {
 //                          four rows fit an SM, else 512); a longer row is split over a cluster
 //                          of 2-8 blocks, each holding a slice in its shared memory (64 KB where
 //                          8 suffice), the slices' moments merged through distributed shared
-//                          memory. Otherwise a block per row, 512 threads and two passes over
-//                          the row in memory (the second mostly from L2), with statistics by
+//                          memory. Rows over ~900 KB (slices that would leave one block an SM):
+//                          a cluster of 8 whose blocks hold 64 KB of their slice and read the
+//                          rest twice. Otherwise (no clusters, or the scalar path) a block per
+//                          row, 512 threads and two passes over the row in memory, with statistics by
 //                          exact per-vector moments combined with Chan's formula, so a large
 //                          mean does not cancel the variance.
 // The backward holds one vector per thread (with_backward_row_config) up to nv = 1024.
@@ -554,10 +556,11 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 //
 // kSpill (with kCluster): the slice is longer than the CTA's shared memory for it; its first
 // `held` columns are copied in as above and the rest (the tail) is read from memory in the
-// statistics pass and read again in the normalize pass. The tails of the CTAs in flight (about
-// 64 KB each) stay within L2, so the second read comes mostly from L2, where the one-block two-pass
-// kernel's rows in flight (one whole row per block) do not fit it. Tail pieces are read
-// kSpillBatch at a time, so a thread keeps that many loads in flight.
+// statistics pass and read again in the normalize pass. The tails of the CTAs in flight (64 KB
+// each for 1 MB rows, 25 MB in all) are meant to stay within L2 for the second read, where the
+// one-block two-pass kernel's rows in flight (a whole row per block) cannot. Tail pieces are read
+// kSpillBatch at a time, so a thread keeps that many loads in flight. Measured on an H200 against
+// that kernel: 1.07x at fp32 512x262144, 1.5x at 128x1048576 (bench/NOTES.md section 62).
 constexpr int kSpillBatch = 4;
 template <class T, int kThreads, bool kRelu, bool kDropout, bool kCluster, bool kSpill = false>
 __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const& p, int slice, int held = 0) {
