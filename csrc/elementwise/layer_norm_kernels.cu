@@ -562,6 +562,23 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 // kSpillBatch at a time, so a thread keeps that many loads in flight. Measured on an H200 against
 // that kernel: 1.07x at fp32 512x262144, 1.5x at 128x1048576 (bench/NOTES.md section 62).
 constexpr int kSpillBatch = 4;
+
+// Calls use(col, piece) for the pieces of src at columns first, first + stride, ... below n, the
+// loads of kBatch pieces issued before any of them is used.
+template <int kBatch, class T, int kVec, class Use>
+__device__ __forceinline__ void for_pieces_batched(const T* src, int first, int n, int stride, Use&& use) {
+  for (int base = first; base < n; base += kBatch * stride) {
+    RawVec<T, kVec> r[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * stride < n) r[b] = load_raw<T, kVec>(src + base + b * stride);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (base + b * stride < n) use(base + b * stride, r[b]);
+    }
+  }
+}
 template <class T, int kThreads, bool kRelu, bool kDropout, bool kCluster, bool kSpill = false>
 __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const& p, int slice, int held = 0) {
   static_assert(kCluster || !kSpill, "a slice spills only in a cluster");
@@ -599,17 +616,8 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   };
   if constexpr (kSpill) {
     // The tail first, while the copies of the held columns land.
-    for (int base = in_smem + own_first; base < part.n; base += kSpillBatch * stride) {
-      RawVec<T, kVec> r[kSpillBatch];
-#pragma unroll
-      for (int b = 0; b < kSpillBatch; ++b) {
-        if (base + b * stride < part.n) r[b] = load_raw<T, kVec>(x_part + base + b * stride);
-      }
-#pragma unroll
-      for (int b = 0; b < kSpillBatch; ++b) {
-        if (base + b * stride < part.n) add_piece(raw_input<kRelu>(r[b]));
-      }
-    }
+    for_pieces_batched<kSpillBatch, T, kVec>(x_part, in_smem + own_first, part.n, stride,
+                                             [&](int, RawVec<T, kVec> const& r) { add_piece(raw_input<kRelu>(r)); });
   }
   for_own_pieces_landing<T>(in_smem, [&](int col) { add_piece(raw_input<kRelu>(load_raw<T, kVec>(row_s + col))); });
   __shared__ float scratch[kThreads / 32];
@@ -672,17 +680,8 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
       // may alias x as far as the compiler knows, so it would not move later loads above it. Two
       // for 16-bit types, whose pieces take eight floats each: four spilled at 56 registers.
       constexpr int kBatch = sizeof(T) == 4 ? kSpillBatch : kSpillBatch / 2;
-      for (int base = in_smem + own_first; base < part.n; base += kBatch * stride) {
-        RawVec<T, kVec> r[kBatch];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          if (base + b * stride < part.n) r[b] = load_raw<T, kVec>(x_part + base + b * stride);
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          if (base + b * stride < part.n) piece(base + b * stride, raw_input<kRelu>(r[b]));
-        }
-      }
+      for_pieces_batched<kBatch, T, kVec>(x_part, in_smem + own_first, part.n, stride,
+                                          [&](int col, RawVec<T, kVec> const& r) { piece(col, raw_input<kRelu>(r)); });
     }
   };
   using Yes = std::true_type;
