@@ -24,7 +24,8 @@
 namespace cutlass_ext {
 
 // The largest cluster: the portable limit. Hopper allows 16 CTAs where a kernel opts in, but 16
-// slices of 32 KB measured slower than 8 of 64 KB (bench/NOTES.md section 28).
+// slices of 32 KB measured slower than 8 of 64 KB (bench/NOTES.md section 28), and 16 slices of
+// 64 KB 1.03-1.16x slower than 8 spilled ones for layer_norm's 1-4 MB rows (section 63).
 constexpr int kMaxRowClusterRanks = 8;
 static_assert((kMaxRowClusterRanks & (kMaxRowClusterRanks - 1)) == 0 && kMaxRowClusterRanks <= 32,
               "cluster_gather hands the ranks to the lanes of a warp");
