@@ -563,6 +563,19 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 // that kernel: 1.07x at fp32 512x262144, 1.5x at 128x1048576 (bench/NOTES.md section 62).
 constexpr int kSpillBatch = 4;
 
+// store_vec with st.global.cs: y's lines are evicted from L2 first, which leaves more of the
+// tails there for their second read.
+template <class T, int kVec>
+__device__ __forceinline__ void store_vec_once(T* dst, const float (&in)[kVec]) {
+  Pack<T, kVec> pk;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) pk.v[i] = T(in[i]);
+  static_assert(sizeof(Pack<T, kVec>) == 16, "the spill kernel stores 16-byte pieces");
+  uint4 v;
+  memcpy(&v, &pk, 16);
+  __stcs(reinterpret_cast<uint4*>(dst), v);
+}
+
 // Calls use(col, piece) for the pieces of src at columns first, first + stride, ... below n, the
 // loads of kBatch pieces issued before any of them is used.
 template <int kBatch, class T, int kVec, class Use>
@@ -595,8 +608,7 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   const int stride = int(blockDim.x) * kVec;
 
   // The shift: this thread's first element (its round 0, in group 0; a thread with no piece at all
-  // has nothing to sum). With a tail it is read from memory, so that the tail's loads need not
-  // wait for group 0 to land.
+  // has nothing to sum). With a tail it is read from memory (measured so; it is in L2 or on its way).
   const int own_first = int(threadIdx.x) * kVec;
   if constexpr (!kSpill) wait_row_group(0);
   const float shift =
@@ -614,12 +626,15 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
     }
     count += kVec;
   };
+  for_own_pieces_landing<T>(in_smem, [&](int col) { add_piece(raw_input<kRelu>(load_raw<T, kVec>(row_s + col))); });
   if constexpr (kSpill) {
-    // The tail first, while the copies of the held columns land.
+    // The tail after the held part, so that little traffic passes through L2 between the tail's
+    // first read and its second (below). With y's evict-first stores (store_vec_once), 1.00-1.06x
+    // as fast on an H200 as reading the tail first, while the held columns' copies land (DRAM
+    // read at fp32 512 x 262144: 659 -> 622 MB for the order alone; bench/NOTES.md section 63).
     for_pieces_batched<kSpillBatch, T, kVec>(x_part, in_smem + own_first, part.n, stride,
                                              [&](int, RawVec<T, kVec> const& r) { add_piece(raw_input<kRelu>(r)); });
   }
-  for_own_pieces_landing<T>(in_smem, [&](int col) { add_piece(raw_input<kRelu>(load_raw<T, kVec>(row_s + col))); });
   __shared__ float scratch[kThreads / 32];
   const float inv_cols = __frcp_rn(float(cols));
   float mean, rstd;
@@ -672,7 +687,11 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
         h[j] = fmaf((raw_at<T, kVec>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
       }
       if (drop.on) drop.apply<kVec>(h, first_index + uint64_t(col));
-      store_vec<T, kVec>(y + col, h);
+      if constexpr (kSpill) {
+        store_vec_once<T, kVec>(y + col, h);
+      } else {
+        store_vec<T, kVec>(y + col, h);
+      }
     };
     if constexpr (kSpill) {
       // The tail again (mostly from L2), kBatch loads in flight before any store: a store to y
