@@ -58,11 +58,13 @@ __global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
   }
 }
 
-// Long rows: block (row, split) sums the split-th chunk of chunk_vectors vectors of its row; the
-// tail elements (reduce % kVec) belong to the last split.
-template <class T, int kVec>
-__global__ void __launch_bounds__(kThreads) sum_rows_block_kernel(SumParams p, int64_t chunk_vectors) {
-  __shared__ float scratch[kThreads / 32];
+// Long rows: block (row, split) of kBlock threads sums the split-th chunk of chunk_vectors vectors
+// of its row; the tail elements (reduce % kVec) belong to the last split. Plain loads: with
+// evict-first loads (ld.global.cs) these rows read 1.02-1.06x slower on an H200, where the short
+// rows' kernel above gains from them (bench/NOTES.md sections 34 and 63).
+template <class T, int kVec, int kBlock>
+__global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int64_t chunk_vectors) {
+  __shared__ float scratch[kBlock / 32];
   const int64_t row = blockIdx.x;
   const int split = blockIdx.y;
   const T* in = static_cast<const T*>(p.input) + row * p.outer_stride;
@@ -70,16 +72,16 @@ __global__ void __launch_bounds__(kThreads) sum_rows_block_kernel(SumParams p, i
   const int64_t v_end = min(vectors, (split + 1) * chunk_vectors);
   float acc = 0.f;
   int64_t v = split * chunk_vectors + threadIdx.x;
-  for (; v + (kUnroll - 1) * kThreads < v_end; v += kUnroll * kThreads) {
+  for (; v + (kUnroll - 1) * kBlock < v_end; v += kUnroll * kBlock) {
     Pack<T, kVec> x[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = load_pack_once<T, kVec>(in + (v + u * kThreads) * kVec);
+    for (int u = 0; u < kUnroll; ++u) x[u] = load_pack<T, kVec>(in + (v + u * kBlock) * kVec);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc += pack_sum<T, kVec>(x[u]);
   }
-  for (; v < v_end; v += kThreads) acc += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
+  for (; v < v_end; v += kBlock) acc += pack_sum<T, kVec>(load_pack<T, kVec>(in + v * kVec));
   if (split == p.splits - 1) {
-    for (int64_t e = vectors * kVec + threadIdx.x; e < p.reduce; e += kThreads) acc += float(in[e]);
+    for (int64_t e = vectors * kVec + threadIdx.x; e < p.reduce; e += kBlock) acc += float(in[e]);
   }
   if (p.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
   acc = block_sum(acc, scratch);
@@ -89,6 +91,16 @@ __global__ void __launch_bounds__(kThreads) sum_rows_block_kernel(SumParams p, i
   } else {
     p.partials[row * p.splits + split] = acc;
   }
+}
+
+// The split decisions' grid target on the current device: kBlocksPerSm blocks an SM.
+int64_t row_grid_target() {
+  int device = 0, sms = 1;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  return int64_t(kBlocksPerSm) * std::max(sms, 1);
 }
 
 template <class T, int kVec, int kGroup>
@@ -110,7 +122,18 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
     return launch_rows_group<T, kVec, 32>(p, blocks, stream);
   }
   const int64_t chunk = ceil_div(p.reduce / kVec, p.splits);
-  sum_rows_block_kernel<T, kVec><<<dim3(unsigned(p.outer), unsigned(p.splits)), kThreads, 0, stream>>>(p, chunk);
+  const dim3 grid(unsigned(p.outer), unsigned(p.splits));
+  // plan_sum leaves one block a row where the rows alone fill a quarter of the grid target; the
+  // fewer the rows, the larger the block (plan_sum's rule, again from the row count; any block
+  // size sums any split correctly, so a device other than the current one only costs speed).
+  const int64_t target = row_grid_target();
+  if (p.splits == 1 && 2 * p.outer < target) {
+    sum_rows_block_kernel<T, kVec, 4 * kThreads><<<grid, 4 * kThreads, 0, stream>>>(p, chunk);
+  } else if (p.splits == 1 && p.outer < target) {
+    sum_rows_block_kernel<T, kVec, 2 * kThreads><<<grid, 2 * kThreads, 0, stream>>>(p, chunk);
+  } else {
+    sum_rows_block_kernel<T, kVec, kThreads><<<grid, kThreads, 0, stream>>>(p, chunk);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -313,7 +336,10 @@ void plan_sum(SumParams& p, int sm_count) {
   p.col_threads = kMaxColumnThreads;
   if (p.inner == 1) {
     const int64_t vectors = p.reduce / vec;
-    if (vectors > kMaxGroupVectors && p.outer < target) {
+    // From a quarter of the target, one block a row (of up to 4 * kThreads threads, launch_rows)
+    // instead of splits and a second stage: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
+    // section 63).
+    if (vectors > kMaxGroupVectors && 4 * p.outer < target) {
       splits = std::min(ceil_div(target, p.outer), vectors / kMinChunkVectors);
     }
   } else {

@@ -259,6 +259,12 @@ SUM_CASES = {
     "row_1000": (lambda d, t: rand(50, 1000, device=d, dtype=t), -1),
     "row_4097": (lambda d, t: rand(9, 4097, device=d, dtype=t), -1),
     "long_rows": (lambda d, t: rand(3, 262144, device=d, dtype=t), -1),
+    # long rows, one block a row where the rows fill a quarter of the grid target or more (four
+    # blocks an SM): on 132 SMs 1024-thread blocks at 200 rows, 512 at 400 (an odd tail too),
+    # split rows at 100
+    "long_rows_200": (lambda d, t: rand(200, 20000, device=d, dtype=t), -1),
+    "long_rows_400": (lambda d, t: rand(400, 9003, device=d, dtype=t), -1),
+    "long_rows_100": (lambda d, t: rand(100, 40000, device=d, dtype=t), -1),
     "one_long_row": (lambda d, t: rand(100003, device=d, dtype=t), 0),
     "many_short_rows": (lambda d, t: rand(50000, 12, device=d, dtype=t), 1),
     "col_7": (lambda d, t: rand(300, 7, device=d, dtype=t), 0),
