@@ -13,7 +13,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 4;           // grid target of the split decisions
 constexpr int kUnroll = 4;                // loads per thread in flight together
-constexpr int kMaxGroupVectors = 256;     // rows up to this many vectors: a group of lanes per row
+// Rows up to this many vectors: a group of lanes per row (a warp from 17 vectors), no block-wide
+// sum. At 512 (bf16 32768x4096) 1.14x faster than a 256-thread block a row on an H200; at 1024
+// (bf16 16384x8192, fp32 32768x4096) 1.03-1.07x slower (bench/NOTES.md section 63).
+constexpr int kMaxGroupVectors = 512;
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kColumnUnroll = 8;          // rows per thread in flight together in column reductions
