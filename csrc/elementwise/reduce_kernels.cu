@@ -14,9 +14,14 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 4;           // grid target of the split decisions
 constexpr int kUnroll = 4;                // loads per thread in flight together
 // Rows up to this many vectors: a group of lanes per row (a warp from 17 vectors), no block-wide
-// sum. At 512 (bf16 32768x4096) 1.14x faster than a 256-thread block a row on an H200; at 1024
-// (bf16 16384x8192, fp32 32768x4096) 1.03-1.07x slower (bench/NOTES.md section 63).
-constexpr int kMaxGroupVectors = 512;
+// sum. 16-bit rows of 512 vectors (bf16 32768x4096) ran 1.14x faster this way than as a 256-thread
+// block a row on an H200; at 1024 (bf16 16384x8192, fp32 32768x4096) 1.03-1.07x slower. fp32
+// keeps 256: its 512-vector rows (65536x2048) read 0.94x torch.compile this way, and the block
+// form there was not measured (bench/NOTES.md section 63).
+template <int kVec>
+constexpr int64_t max_group_vectors() {
+  return kVec == 8 ? 512 : 256;
+}
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kColumnUnroll = 8;          // rows per thread in flight together in column reductions
@@ -116,7 +121,7 @@ void launch_rows_group(SumParams const& p, int sm_count_blocks, cudaStream_t str
 template <class T, int kVec>
 void launch_rows(SumParams const& p, cudaStream_t stream) {
   const int64_t vectors = ceil_div(p.reduce, kVec);
-  if (vectors <= kMaxGroupVectors && p.splits == 1) {
+  if (vectors <= max_group_vectors<kVec>() && p.splits == 1) {
     // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest.
     const int blocks = 65535;
     if (vectors <= 4) return launch_rows_group<T, kVec, 4>(p, blocks, stream);
@@ -342,7 +347,8 @@ void plan_sum(SumParams& p, int sm_count) {
     // From a quarter of the target, one block a row (of up to 4 * kThreads threads, launch_rows)
     // instead of splits and a second stage: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
     // section 63).
-    if (vectors > kMaxGroupVectors && 4 * p.outer < target) {
+    const int64_t group_max = vec == 8 ? max_group_vectors<8>() : max_group_vectors<4>();
+    if (vectors > group_max && 4 * p.outer < target) {
       splits = std::min(ceil_div(target, p.outer), vectors / kMinChunkVectors);
     }
   } else {
