@@ -18,10 +18,7 @@ constexpr int kUnroll = 4;                // loads per thread in flight together
 // block a row on an H200; at 1024 (bf16 16384x8192, fp32 32768x4096) 1.03-1.07x slower. fp32
 // keeps 256: its 512-vector rows (65536x2048) read 0.94x torch.compile this way, and the block
 // form there was not measured (bench/NOTES.md section 63).
-template <int kVec>
-constexpr int64_t max_group_vectors() {
-  return kVec == 8 ? 512 : 256;
-}
+constexpr int64_t max_group_vectors(int vec) { return vec == 8 ? 512 : 256; }
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kColumnUnroll = 8;          // rows per thread in flight together in column reductions
@@ -101,16 +98,6 @@ __global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int
   }
 }
 
-// The split decisions' grid target on the current device: kBlocksPerSm blocks an SM.
-int64_t row_grid_target() {
-  int device = 0, sms = 1;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-  }
-  return int64_t(kBlocksPerSm) * std::max(sms, 1);
-}
-
 template <class T, int kVec, int kGroup>
 void launch_rows_group(SumParams const& p, int sm_count_blocks, cudaStream_t stream) {
   const int64_t rows_per_block = kThreads / kGroup;
@@ -121,7 +108,7 @@ void launch_rows_group(SumParams const& p, int sm_count_blocks, cudaStream_t str
 template <class T, int kVec>
 void launch_rows(SumParams const& p, cudaStream_t stream) {
   const int64_t vectors = ceil_div(p.reduce, kVec);
-  if (vectors <= max_group_vectors<kVec>() && p.splits == 1) {
+  if (vectors <= max_group_vectors(kVec) && p.splits == 1) {
     // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest.
     const int blocks = 65535;
     if (vectors <= 4) return launch_rows_group<T, kVec, 4>(p, blocks, stream);
@@ -131,13 +118,10 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
   }
   const int64_t chunk = ceil_div(p.reduce / kVec, p.splits);
   const dim3 grid(unsigned(p.outer), unsigned(p.splits));
-  // plan_sum leaves one block a row where the rows alone fill a quarter of the grid target; the
-  // fewer the rows, the larger the block (plan_sum's rule, again from the row count; any block
-  // size sums any split correctly, so a device other than the current one only costs speed).
-  const int64_t target = row_grid_target();
-  if (p.splits == 1 && 2 * p.outer < target) {
+  // The block size is plan_sum's (any block size sums any split correctly).
+  if (p.row_threads == 4 * kThreads) {
     sum_rows_block_kernel<T, kVec, 4 * kThreads><<<grid, 4 * kThreads, 0, stream>>>(p, chunk);
-  } else if (p.splits == 1 && p.outer < target) {
+  } else if (p.row_threads == 2 * kThreads) {
     sum_rows_block_kernel<T, kVec, 2 * kThreads><<<grid, 2 * kThreads, 0, stream>>>(p, chunk);
   } else {
     sum_rows_block_kernel<T, kVec, kThreads><<<grid, kThreads, 0, stream>>>(p, chunk);
@@ -342,13 +326,13 @@ void plan_sum(SumParams& p, int sm_count) {
   const int64_t target = int64_t(kBlocksPerSm) * std::max(sm_count, 1);
   int64_t splits = 1;
   p.col_threads = kMaxColumnThreads;
+  p.row_threads = kThreads;
   if (p.inner == 1) {
     const int64_t vectors = p.reduce / vec;
-    // From a quarter of the target, one block a row (of up to 4 * kThreads threads, launch_rows)
-    // instead of splits and a second stage: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
+    // From a quarter of the target, one block a row instead of splits and a second stage, the
+    // fewer the rows the larger the block: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
     // section 63).
-    const int64_t group_max = vec == 8 ? max_group_vectors<8>() : max_group_vectors<4>();
-    if (vectors > group_max && 4 * p.outer < target) {
+    if (vectors > max_group_vectors(int(vec)) && 4 * p.outer < target) {
       splits = std::min(ceil_div(target, p.outer), vectors / kMinChunkVectors);
     }
   } else {
@@ -366,6 +350,10 @@ void plan_sum(SumParams& p, int sm_count) {
     }
   }
   p.splits = int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
+  // Unsplit long rows below the target (above): the fewer the rows, the larger the block.
+  if (p.inner == 1 && p.splits == 1 && p.outer < target) {
+    p.row_threads = 2 * p.outer < target ? 4 * kThreads : 2 * kThreads;
+  }
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {

@@ -29,11 +29,12 @@ struct SumParams {
   float* partials = nullptr;  // [outer, splits, inner] fp32 workspace, needed when splits > 1
   int splits = 1;             // from plan_sum()
   int col_threads = 32;       // from plan_sum(): threads across a column chunk (inner > 1)
+  int row_threads = 256;      // from plan_sum(): the block of the long-row kernel (inner == 1)
 };
 
 // Sets p.splits, how many blocks share one reduction (1: no workspace, no second stage) so that
-// the grid fills `sm_count` multiprocessors, and p.col_threads, from p's shape and dtype. The
-// workspace holds outer * splits * inner floats.
+// the grid fills `sm_count` multiprocessors, and p.col_threads and p.row_threads, from p's shape
+// and dtype. The workspace holds outer * splits * inner floats.
 void plan_sum(SumParams& p, int sm_count);
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream);
