@@ -14,11 +14,19 @@ constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 4;           // grid target of the split decisions
 constexpr int kUnroll = 4;                // loads per thread in flight together
 // Rows up to this many vectors: a group of lanes per row (a warp from 17 vectors), no block-wide
-// sum. 16-bit rows of 512 vectors (bf16 32768x4096) ran 1.14x faster this way than as a 256-thread
-// block a row on an H200; at 1024 (bf16 16384x8192, fp32 32768x4096) 1.03-1.07x slower. fp32
-// keeps 256: its 512-vector rows (65536x2048) read 0.94x torch.compile this way, and the block
-// form there was not measured (bench/NOTES.md section 63).
-constexpr int64_t max_group_vectors(int vec) { return vec == 8 ? 512 : 256; }
+// sum. Rows of 512 16-byte vectors ran faster this way than as a 256-thread block a row on an
+// H200: bf16 32768x4096 1.14x, fp32 65536x2048 and 32768x2048 1.20-1.22x; at 1024 (bf16
+// 16384x8192, fp32 32768x4096) 1.03-1.07x slower (bench/NOTES.md sections 63 and 64). Rows read
+// an element at a time (no 16-byte alignment) keep 256.
+constexpr int64_t max_group_vectors(int vec) { return vec == 1 ? 256 : 512; }
+// Lanes a row in the group kernel: a power of two from 4 to 32, at least the row's vectors up to a
+// warp.
+constexpr int group_lanes(int64_t vectors) { return vectors <= 4 ? 4 : vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32; }
+// Rows a lane group sums together where each lane has one vector a row: the loads of four rows in
+// flight at once instead of one, in a quarter of the blocks. 1.07-1.15x on an H200 at bf16 65536x128,
+// 262144x64, fp32 65536x128 and fp16 131072x256; no gain where the lanes already have several
+// vectors a row (bench/NOTES.md section 64).
+constexpr int kRowBatch = 4;
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kColumnUnroll = 8;          // rows per thread in flight together in column reductions
@@ -39,27 +47,58 @@ __device__ __forceinline__ float pack_sum(Pack<T, kVec> const& v) {
 // Row reductions (inner == 1): row `o` is input[o * outer_stride + (0 .. reduce-1)].
 
 // Short rows: kGroup adjacent lanes per row, kThreads / kGroup rows per block, grid-stride over
-// rows in whole warps (so every lane of a warp reaches the shuffles).
-template <class T, int kVec, int kGroup>
+// rows in whole warps (so every lane of a warp reaches the shuffles). A lane group sums kRows rows
+// together, their loads in flight at once; the warp's rows of one batch are kRowsPerWarp apart, so
+// that each load instruction of the warp reads adjacent rows.
+template <class T, int kVec, int kGroup, int kRows>
 __global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
   constexpr int kRowsPerWarp = 32 / kGroup;
   const int lane = threadIdx.x % kGroup;
   const int64_t warp = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  const int64_t warp_step = int64_t(gridDim.x) * (kThreads / 32) * kRowsPerWarp;
+  const int64_t warp_step = int64_t(gridDim.x) * (kThreads / 32) * kRowsPerWarp * kRows;
   const int64_t vectors = p.reduce / kVec;
   const T* input = static_cast<const T*>(p.input);
-  for (int64_t base = warp * kRowsPerWarp; base < p.outer; base += warp_step) {
-    const int64_t row = base + (threadIdx.x % 32) / kGroup;
-    float acc = 0.f;
-    if (row < p.outer) {
-      const T* in = input + row * p.outer_stride;
+  for (int64_t base = warp * kRowsPerWarp * kRows; base < p.outer; base += warp_step) {
+    const int64_t row0 = base + (threadIdx.x % 32) / kGroup;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+    if constexpr (kRows == 1) {
+      if (row0 < p.outer) {
+        const T* in = input + row0 * p.outer_stride;
 #pragma unroll 4
-      for (int64_t v = lane; v < vectors; v += kGroup) acc += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
-      for (int64_t e = vectors * kVec + lane; e < p.reduce; e += kGroup) acc += float(in[e]);
+        for (int64_t v = lane; v < vectors; v += kGroup) acc[0] += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
+        for (int64_t e = vectors * kVec + lane; e < p.reduce; e += kGroup) acc[0] += float(in[e]);
+      }
+    } else {
+      for (int64_t v = lane; v < vectors; v += kGroup) {
+        Pack<T, kVec> x[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (row0 + r * kRowsPerWarp < p.outer) {
+            x[r] = load_pack_once<T, kVec>(input + (row0 + r * kRowsPerWarp) * p.outer_stride + v * kVec);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (row0 + r * kRowsPerWarp < p.outer) acc[r] += pack_sum<T, kVec>(x[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = row0 + r * kRowsPerWarp;
+        if (row >= p.outer) continue;
+        const T* in = input + row * p.outer_stride;
+        for (int64_t e = vectors * kVec + lane; e < p.reduce; e += kGroup) acc[r] += float(in[e]);
+      }
     }
 #pragma unroll
-    for (int offset = kGroup / 2; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if (row < p.outer && lane == 0) static_cast<T*>(p.output)[row] = T(acc);
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int offset = kGroup / 2; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+      const int64_t row = row0 + r * kRowsPerWarp;
+      if (row < p.outer && lane == 0) static_cast<T*>(p.output)[row] = T(acc[r]);
+    }
   }
 }
 
@@ -99,22 +138,28 @@ __global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int
 }
 
 template <class T, int kVec, int kGroup>
-void launch_rows_group(SumParams const& p, int sm_count_blocks, cudaStream_t stream) {
-  const int64_t rows_per_block = kThreads / kGroup;
-  const int64_t blocks = std::min<int64_t>(ceil_div(p.outer, rows_per_block), sm_count_blocks);
-  sum_rows_group_kernel<T, kVec, kGroup><<<unsigned(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(p);
+void launch_rows_group(SumParams const& p, cudaStream_t stream) {
+  // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest.
+  constexpr int64_t kMaxBlocks = 65535;
+  const int64_t rows_per_block = int64_t(kThreads / kGroup) * p.row_batch;
+  const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
+  if (p.row_batch == kRowBatch) {
+    sum_rows_group_kernel<T, kVec, kGroup, kRowBatch><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    sum_rows_group_kernel<T, kVec, kGroup, 1><<<blocks, kThreads, 0, stream>>>(p);
+  }
 }
 
 template <class T, int kVec>
 void launch_rows(SumParams const& p, cudaStream_t stream) {
   const int64_t vectors = ceil_div(p.reduce, kVec);
   if (vectors <= max_group_vectors(kVec) && p.splits == 1) {
-    // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest.
-    const int blocks = 65535;
-    if (vectors <= 4) return launch_rows_group<T, kVec, 4>(p, blocks, stream);
-    if (vectors <= 8) return launch_rows_group<T, kVec, 8>(p, blocks, stream);
-    if (vectors <= 16) return launch_rows_group<T, kVec, 16>(p, blocks, stream);
-    return launch_rows_group<T, kVec, 32>(p, blocks, stream);
+    switch (group_lanes(vectors)) {
+      case 4: return launch_rows_group<T, kVec, 4>(p, stream);
+      case 8: return launch_rows_group<T, kVec, 8>(p, stream);
+      case 16: return launch_rows_group<T, kVec, 16>(p, stream);
+      default: return launch_rows_group<T, kVec, 32>(p, stream);
+    }
   }
   const int64_t chunk = ceil_div(p.reduce / kVec, p.splits);
   const dim3 grid(unsigned(p.outer), unsigned(p.splits));
@@ -327,8 +372,13 @@ void plan_sum(SumParams& p, int sm_count) {
   int64_t splits = 1;
   p.col_threads = kMaxColumnThreads;
   p.row_threads = kThreads;
+  p.row_batch = 1;
   if (p.inner == 1) {
     const int64_t vectors = p.reduce / vec;
+    // Short rows, one vector a lane: batches of rows where there are still a block an SM or more.
+    const int64_t row_vectors = ceil_div(p.reduce, vec);
+    const int64_t batch_rows = int64_t(kThreads / group_lanes(row_vectors)) * kRowBatch;
+    if (row_vectors <= 32 && ceil_div(p.outer, batch_rows) >= sm_count) p.row_batch = kRowBatch;
     // From a quarter of the target, one block a row instead of splits and a second stage, the
     // fewer the rows the larger the block: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
     // section 63).

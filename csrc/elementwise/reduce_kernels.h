@@ -30,11 +30,12 @@ struct SumParams {
   int splits = 1;             // from plan_sum()
   int col_threads = 32;       // from plan_sum(): threads across a column chunk (inner > 1)
   int row_threads = 256;      // from plan_sum(): the block of the long-row kernel (inner == 1)
+  int row_batch = 1;          // from plan_sum(): short rows a lane group sums together (inner == 1)
 };
 
 // Sets p.splits, how many blocks share one reduction (1: no workspace, no second stage) so that
-// the grid fills `sm_count` multiprocessors, and p.col_threads and p.row_threads, from p's shape
-// and dtype. The workspace holds outer * splits * inner floats.
+// the grid fills `sm_count` multiprocessors, and p.col_threads, p.row_threads and p.row_batch,
+// from p's shape and dtype. The workspace holds outer * splits * inner floats.
 void plan_sum(SumParams& p, int sm_count);
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream);

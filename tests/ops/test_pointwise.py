@@ -267,6 +267,14 @@ SUM_CASES = {
     "long_rows_100": (lambda d, t: rand(100, 40000, device=d, dtype=t), -1),
     "one_long_row": (lambda d, t: rand(100003, device=d, dtype=t), 0),
     "many_short_rows": (lambda d, t: rand(50000, 12, device=d, dtype=t), 1),
+    # one 16-byte vector a lane and enough rows for a block an SM: lane groups sum four rows at
+    # once; 40003 rows end in a partial batch. 16-byte rows of 100 columns (104 apart: 4 tail
+    # elements a 16-bit row), and contiguous ones (16-bit rows 200 bytes apart: read an element at
+    # a time, several a lane)
+    "batched_short_rows": (lambda d, t: rand(40003, 104, device=d, dtype=t)[:, :100], -1),
+    "batched_short_rows_contiguous": (lambda d, t: rand(40003, 100, device=d, dtype=t), -1),
+    # 2000 fp32 columns: 500 vectors, a warp a row (up to 512)
+    "warp_rows_500_vectors": (lambda d, t: rand(300, 2000, device=d, dtype=t), -1),
     "col_7": (lambda d, t: rand(300, 7, device=d, dtype=t), 0),
     "col_4097": (lambda d, t: rand(33, 4097, device=d, dtype=t), 0),
     "tall_columns": (lambda d, t: rand(20000, 24, device=d, dtype=t), 0),
