@@ -49,9 +49,10 @@ __device__ __forceinline__ float pack_sum(Pack<T, kVec> const& v) {
 // Short rows: kGroup adjacent lanes per row, kThreads / kGroup rows per block, grid-stride over
 // rows in whole warps (so every lane of a warp reaches the shuffles). A lane group sums kRows rows
 // together, their loads in flight at once; the warp's rows of one batch are kRowsPerWarp apart, so
-// that each load instruction of the warp reads adjacent rows.
-template <class T, int kVec, int kGroup, int kRows>
-__global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
+// that each load instruction of the warp reads adjacent rows. With kRows == 1, each lane loads
+// kDepth (> 1) of its row's vectors together, the rest four at a time.
+template <class T, int kVec, int kGroup, int kRows, int kDepth>
+__device__ __forceinline__ void sum_rows_group(SumParams const& p) {
   constexpr int kRowsPerWarp = 32 / kGroup;
   const int lane = threadIdx.x % kGroup;
   const int64_t warp = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
@@ -66,8 +67,18 @@ __global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
     if constexpr (kRows == 1) {
       if (row0 < p.outer) {
         const T* in = input + row0 * p.outer_stride;
+        int64_t v = lane;
+        if constexpr (kDepth > 1) {
+          for (; v + (kDepth - 1) * kGroup < vectors; v += kDepth * kGroup) {
+            Pack<T, kVec> x[kDepth];
+#pragma unroll
+            for (int u = 0; u < kDepth; ++u) x[u] = load_pack_once<T, kVec>(in + (v + u * kGroup) * kVec);
+#pragma unroll
+            for (int u = 0; u < kDepth; ++u) acc[0] += pack_sum<T, kVec>(x[u]);
+          }
+        }
 #pragma unroll 4
-        for (int64_t v = lane; v < vectors; v += kGroup) acc[0] += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
+        for (; v < vectors; v += kGroup) acc[0] += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
         for (int64_t e = vectors * kVec + lane; e < p.reduce; e += kGroup) acc[0] += float(in[e]);
       }
     } else {
@@ -100,6 +111,22 @@ __global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
       if (row < p.outer && lane == 0) static_cast<T*>(p.output)[row] = T(acc[r]);
     }
   }
+}
+
+template <class T, int kVec, int kGroup, int kRows>
+__global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
+  sum_rows_group<T, kVec, kGroup, kRows, 1>(p);
+}
+
+// Rows of 256 to 512 vectors (8 to 16 a lane): eight loads a lane issued together. Under
+// __launch_bounds__(256) alone ptxas kept such a loop near 32 registers and interleaved its loads
+// with the adds (SASS: at most four in flight); a minimum of one block an SM lets it issue all
+// eight first (94 registers for fp32). 1.02-1.08x on an H200 (fp32 1024x2048 1.08x, 65536x1024
+// 1.05x, 65536x2048 1.02x; bf16 32768x4096 and 65536x2048 1.02x; bench/NOTES.md section 64).
+constexpr int kDeepLoads = 8;
+template <class T, int kVec>
+__global__ void __launch_bounds__(kThreads, 1) sum_rows_deep_kernel(SumParams p) {
+  sum_rows_group<T, kVec, 32, 1, kDeepLoads>(p);
 }
 
 // Long rows: block (row, split) of kBlock threads sums the split-th chunk of chunk_vectors vectors
@@ -143,6 +170,9 @@ void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   constexpr int64_t kMaxBlocks = 65535;
   const int64_t rows_per_block = int64_t(kThreads / kGroup) * p.row_batch;
   const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
+  if constexpr (kGroup == 32 && kVec > 1) {
+    if (p.reduce / kVec >= kDeepLoads * 32) return void(sum_rows_deep_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(p));
+  }
   if (p.row_batch == kRowBatch) {
     sum_rows_group_kernel<T, kVec, kGroup, kRowBatch><<<blocks, kThreads, 0, stream>>>(p);
   } else {

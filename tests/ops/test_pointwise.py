@@ -273,8 +273,11 @@ SUM_CASES = {
     # a time, several a lane)
     "batched_short_rows": (lambda d, t: rand(40003, 104, device=d, dtype=t)[:, :100], -1),
     "batched_short_rows_contiguous": (lambda d, t: rand(40003, 100, device=d, dtype=t), -1),
-    # 2000 fp32 columns: 500 vectors, a warp a row (up to 512)
-    "warp_rows_500_vectors": (lambda d, t: rand(300, 2000, device=d, dtype=t), -1),
+    # a warp a row up to 512 16-byte vectors, eight loads a lane at once from 256 (fp32 2000
+    # columns: 500 vectors, lanes ending on 4 or 3 single loads; 16-bit 2000 columns: 250 vectors;
+    # 16-bit 4000 columns: 500 vectors)
+    "warp_rows_2000": (lambda d, t: rand(300, 2000, device=d, dtype=t), -1),
+    "warp_rows_4000": (lambda d, t: rand(300, 4000, device=d, dtype=t), -1),
     "col_7": (lambda d, t: rand(300, 7, device=d, dtype=t), 0),
     "col_4097": (lambda d, t: rand(33, 4097, device=d, dtype=t), 0),
     "tall_columns": (lambda d, t: rand(20000, 24, device=d, dtype=t), 0),
