@@ -15,6 +15,7 @@
 
 #include "common/activation.h"
 #include "common/device_attribute.h"
+#include "common/int_math.h"
 #include "common/types.h"
 
 namespace cutlass_ext {
@@ -84,15 +85,6 @@ __device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
 #pragma unroll
   for (int i = 0; i < kVec; ++i) pk.v[i] = T(in[i]);
   store_pack<T, kVec>(dst, pk);
-}
-
-CE_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// The smallest power of two >= n (1 for n <= 1).
-inline int64_t pow2_at_least(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p *= 2;
-  return p;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

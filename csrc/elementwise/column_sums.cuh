@@ -7,13 +7,9 @@
 #include <cstdint>
 
 #include "common/device_utils.cuh"
+#include "common/sum_plan.h"  // column_threads
 
 namespace cutlass_ext {
-
-// Threads across columns for rows of `vectors` vectors: the next power of two, at most `max_threads`.
-inline int column_threads(int64_t vectors, int max_threads) {
-  return int(std::min<int64_t>(max_threads, pow2_at_least(vectors)));
-}
 
 // Adds the block's thread rows: sums[y * width + c] for y = 0 .. ty-1 and columns c < width, in a
 // fixed order using all kThreads threads: lane l adds rows l, l + lanes, ... (lanes = kThreads /

@@ -5,35 +5,15 @@
 
 #include "common/dependent_launch.h"
 #include "common/device_utils.cuh"
+#include "common/sum_plan.h"
 #include "elementwise/column_sums.cuh"
 
 namespace cutlass_ext {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 4;           // grid target of the split decisions
+using namespace sum_rules;  // the constants that plan_sum_shape (common/sum_plan.h) decides with
 constexpr int kUnroll = 4;                // loads per thread in flight together
-// Rows up to this many vectors: a group of lanes per row (a warp from 17 vectors), no block-wide
-// sum. Rows of 512 16-byte vectors ran faster this way than as a 256-thread block a row on an
-// H200: bf16 32768x4096 1.14x, fp32 65536x2048 and 32768x2048 1.20-1.22x; at 1024 (bf16
-// 16384x8192, fp32 32768x4096) 1.03-1.07x slower (bench/NOTES.md sections 63 and 64). Rows read
-// an element at a time (no 16-byte alignment) keep 256.
-constexpr int64_t max_group_vectors(int vec) { return vec == 1 ? 256 : 512; }
-// Lanes a row in the group kernel: a power of two from 4 to 32, at least the row's vectors up to a
-// warp.
-constexpr int group_lanes(int64_t vectors) { return vectors <= 4 ? 4 : vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32; }
-// Rows a lane group sums together where each lane has one vector a row: the loads of four rows in
-// flight at once instead of one, in a quarter of the blocks. 1.07-1.15x on an H200 at bf16 65536x128,
-// 262144x64, fp32 65536x128 and fp16 131072x256; no gain where the lanes already have several
-// vectors a row (bench/NOTES.md section 64).
-constexpr int kRowBatch = 4;
-constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
-constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kColumnUnroll = 8;          // rows per thread in flight together in column reductions
-constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
-constexpr int kSplitColumnThreads = 8;    // the same where the rows are split: 128 bytes
-
-
 
 template <class T, int kVec>
 __device__ __forceinline__ float pack_sum(Pack<T, kVec> const& v) {
@@ -397,43 +377,11 @@ struct PartialsFn {
 }  // namespace
 
 void plan_sum(SumParams& p, int sm_count) {
-  const int64_t vec = p.dtype == DType::kF32 ? 4 : 8;
-  const int64_t target = int64_t(kBlocksPerSm) * std::max(sm_count, 1);
-  int64_t splits = 1;
-  p.col_threads = kMaxColumnThreads;
-  p.row_threads = kThreads;
-  p.row_batch = 1;
-  if (p.inner == 1) {
-    const int64_t vectors = p.reduce / vec;
-    // Short rows, one vector a lane: batches of rows where there are still a block an SM or more.
-    const int64_t row_vectors = ceil_div(p.reduce, vec);
-    const int64_t batch_rows = int64_t(kThreads / group_lanes(row_vectors)) * kRowBatch;
-    if (row_vectors <= 32 && ceil_div(p.outer, batch_rows) >= sm_count) p.row_batch = kRowBatch;
-    // From a quarter of the target, one block a row instead of splits and a second stage, the
-    // fewer the rows the larger the block: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
-    // section 63).
-    if (vectors > max_group_vectors(int(vec)) && 4 * p.outer < target) {
-      splits = std::min(ceil_div(target, p.outer), vectors / kMinChunkVectors);
-    }
-  } else {
-    // Wide chunks (32 threads of 16 bytes) where they alone fill the GPU. Otherwise narrow ones
-    // (8 threads: 128 bytes of a row), whose blocks split the rows: more column blocks leave fewer
-    // splits to add in the second stage. The grid stays within one wave of resident blocks; a
-    // partial second wave of blocks cost 7% at 32768 x 4096.
-    const int64_t inner_vecs = ceil_div(p.inner, vec);
-    const int64_t wide = column_threads(inner_vecs, kMaxColumnThreads);
-    if (ceil_div(inner_vecs, wide) * p.outer < target) {
-      p.col_threads = column_threads(inner_vecs, kSplitColumnThreads);
-      const int64_t blocks = ceil_div(inner_vecs, p.col_threads) * p.outer;
-      const int64_t rows = kThreads / p.col_threads;
-      splits = std::min(target / blocks, p.reduce / (rows * kMinRowsPerThread));
-    }
-  }
-  p.splits = int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
-  // Unsplit long rows below the target (above): the fewer the rows, the larger the block.
-  if (p.inner == 1 && p.splits == 1 && p.outer < target) {
-    p.row_threads = 2 * p.outer < target ? 4 * kThreads : 2 * kThreads;
-  }
+  const SumPlan plan = plan_sum_shape(p.outer, p.reduce, p.inner, p.dtype == DType::kF32 ? 4 : 8, sm_count);
+  p.splits = plan.splits;
+  p.col_threads = plan.col_threads;
+  p.row_threads = plan.row_threads;
+  p.row_batch = plan.row_batch;
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {

@@ -1,0 +1,90 @@
+// How cutlass_ext.sum launches a reduction of x[outer, reduce, inner] (elementwise/reduce_kernels.cu):
+// the splits of the reduced extent, the block shapes and the short rows' batches, from the shape,
+// the 16-byte vector width and the SM count. Plain C++: the host tests build it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/int_math.h"
+
+namespace cutlass_ext {
+namespace sum_rules {
+
+constexpr int kThreads = 256;     // the group and column kernels' blocks; the long-row kernel's smallest
+constexpr int kBlocksPerSm = 4;   // grid target of the split decisions
+// Rows up to this many vectors: a group of lanes per row (a warp from 17 vectors), no block-wide
+// sum. Rows of 512 16-byte vectors ran faster this way than as a 256-thread block a row on an
+// H200: bf16 32768x4096 1.14x, fp32 65536x2048 and 32768x2048 1.20-1.22x; at 1024 (bf16
+// 16384x8192, fp32 32768x4096) 1.03-1.07x slower (bench/NOTES.md sections 63 and 64). Rows read
+// an element at a time (no 16-byte alignment) keep 256.
+constexpr int64_t max_group_vectors(int vec) { return vec == 1 ? 256 : 512; }
+// Lanes a row in the group kernel: a power of two from 4 to 32, at least the row's vectors up to a
+// warp.
+constexpr int group_lanes(int64_t vectors) { return vectors <= 4 ? 4 : vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32; }
+// Rows a lane group sums together where each lane has one vector a row: the loads of four rows in
+// flight at once instead of one, in a quarter of the blocks. 1.07-1.15x on an H200 at bf16 65536x128,
+// 262144x64, fp32 65536x128 and fp16 131072x256; no gain where the lanes already have several
+// vectors a row (bench/NOTES.md section 64).
+constexpr int kRowBatch = 4;
+constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
+constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
+constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
+constexpr int kSplitColumnThreads = 8;    // the same where the rows are split: 128 bytes
+
+}  // namespace sum_rules
+
+// Threads across columns for rows of `vectors` vectors: the next power of two, at most `max_threads`.
+inline int column_threads(int64_t vectors, int max_threads) {
+  return int(std::min<int64_t>(max_threads, pow2_at_least(vectors)));
+}
+
+struct SumPlan {
+  int splits = 1;       // blocks sharing one reduction (1: no workspace, no second stage)
+  int col_threads = sum_rules::kMaxColumnThreads;  // threads across a column chunk (inner > 1)
+  int row_threads = sum_rules::kThreads;           // the long-row kernel's block (inner == 1)
+  int row_batch = 1;    // short rows a lane group sums together (inner == 1)
+};
+
+// `vec`: elements in 16 bytes (4 for fp32, 8 for 16-bit types). The splits fill `sm_count`
+// multiprocessors at the grid target.
+inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int vec, int sm_count) {
+  using namespace sum_rules;
+  SumPlan plan;
+  const int64_t target = int64_t(kBlocksPerSm) * std::max(sm_count, 1);
+  int64_t splits = 1;
+  if (inner == 1) {
+    const int64_t vectors = reduce / vec;
+    // Short rows, one vector a lane: batches of rows where there are still a block an SM or more.
+    const int64_t row_vectors = ceil_div(reduce, vec);
+    const int64_t batch_rows = int64_t(kThreads / group_lanes(row_vectors)) * kRowBatch;
+    if (row_vectors <= 32 && ceil_div(outer, batch_rows) >= sm_count) plan.row_batch = kRowBatch;
+    // From a quarter of the target, one block a row instead of splits and a second stage, the
+    // fewer the rows the larger the block: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
+    // section 63).
+    if (vectors > max_group_vectors(vec) && 4 * outer < target) {
+      splits = std::min(ceil_div(target, outer), vectors / kMinChunkVectors);
+    }
+  } else {
+    // Wide chunks (32 threads of 16 bytes) where they alone fill the GPU. Otherwise narrow ones
+    // (8 threads: 128 bytes of a row), whose blocks split the rows: more column blocks leave fewer
+    // splits to add in the second stage. The grid stays within one wave of resident blocks; a
+    // partial second wave of blocks cost 7% at 32768 x 4096.
+    const int64_t inner_vecs = ceil_div(inner, vec);
+    const int64_t wide = column_threads(inner_vecs, kMaxColumnThreads);
+    if (ceil_div(inner_vecs, wide) * outer < target) {
+      plan.col_threads = column_threads(inner_vecs, kSplitColumnThreads);
+      const int64_t blocks = ceil_div(inner_vecs, plan.col_threads) * outer;
+      const int64_t rows = kThreads / plan.col_threads;
+      splits = std::min(target / blocks, reduce / (rows * kMinRowsPerThread));
+    }
+  }
+  plan.splits = int(std::max<int64_t>(1, std::min<int64_t>(splits, 65535)));
+  // Unsplit long rows below the target (above): the fewer the rows, the larger the block.
+  if (inner == 1 && plan.splits == 1 && outer < target) {
+    plan.row_threads = 2 * outer < target ? 4 * kThreads : 2 * kThreads;
+  }
+  return plan;
+}
+
+}  // namespace cutlass_ext

@@ -1,0 +1,88 @@
+"""How cutlass_ext.sum launches (csrc/common/sum_plan.h), built with the host C++ compiler: the
+choices measured on an H200 (bench/NOTES.md sections 47, 63 and 64) and the rule's bounds on a
+sweep of shapes, without a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from .helpers import ROOT, compile_host_program
+
+SMS = 132  # an H200's multiprocessors; the grid target is four blocks an SM
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    return compile_host_program(tmp_path_factory.mktemp("sum_plan"), "sum_plan_driver",
+                                [ROOT / "tests" / "cpp" / "sum_plan_driver.cpp"], [])
+
+
+def plans(driver, cases):
+    """(outer, reduce, inner, vec, sm_count) -> (splits, col_threads, row_threads, row_batch)."""
+    text = "".join(" ".join(map(str, c)) + "\n" for c in cases)
+    out = subprocess.run([str(driver)], input=text, capture_output=True, text=True, check=True).stdout.split()
+    assert len(out) == 4 * len(cases)
+    return [tuple(int(v) for v in out[i:i + 4]) for i in range(0, len(out), 4)]
+
+
+def rows(n, cols, vec=8):
+    """A row sum over the last dim of [n, cols]."""
+    return (n, cols, 1, vec, SMS)
+
+
+def columns(n, cols, vec=8):
+    """A column sum over the first dim of [n, cols]."""
+    return (1, n, cols, vec, SMS)
+
+
+# case -> (splits, col_threads, row_threads, row_batch)
+MEASURED = [
+    # short rows of one 16-byte vector a lane, four rows a lane group (section 64: 1.07-1.15x)
+    (rows(65536, 128), (1, 32, 256, 4)),
+    (rows(262144, 64), (1, 32, 256, 4)),
+    (rows(65536, 128, vec=4), (1, 32, 256, 4)),
+    # too few rows to keep a block an SM after batching (64 blocks), or several vectors a lane
+    (rows(4096, 128), (1, 32, 256, 1)),
+    (rows(1024, 1024), (1, 32, 256, 1)),
+    (rows(65536, 512), (1, 32, 256, 1)),
+    # long rows, few: one block a row of 512 (from half the target) or 1024 threads, no split
+    # (section 63: 1.02-1.07x at 200-512 rows); 100 rows keep the splits and a second stage
+    (rows(512, 262144), (1, 32, 512, 1)),
+    (rows(200, 262144), (1, 32, 1024, 1)),
+    (rows(100, 40000), (6, 32, 256, 1)),
+    # long rows, many: a 256-thread block a row
+    (rows(32768, 4096, vec=4), (1, 32, 256, 1)),
+    # column sums: narrow chunks whose blocks split the rows (section 47's launch-bound 4096x128),
+    # and wide chunks that fill the GPU alone
+    (columns(4096, 128), (16, 8, 256, 1)),
+    (columns(32768, 4096), (8, 8, 256, 1)),
+    ((512, 64, 4096, 8, SMS), (1, 32, 256, 1)),
+]
+
+
+@pytest.mark.parametrize("case, expected", MEASURED)
+def test_measured_shapes(driver, case, expected):
+    assert plans(driver, [case]) == [expected]
+
+
+def test_bounds_on_a_sweep(driver):
+    cases = [(o, r, i, vec, sms) for o in (1, 3, 100, 131, 528, 4096, 65536) for r in (1, 7, 128, 4097, 262144)
+             for i in (1, 5, 128, 4096) for vec in (4, 8) for sms in (1, 132)]
+    for (o, r, i, vec, sms), (splits, col_threads, row_threads, row_batch) in zip(cases, plans(driver, cases)):
+        case = (o, r, i, vec, sms)
+        assert 1 <= splits <= 65535, case
+        assert col_threads in (1, 2, 4, 8, 16, 32), case
+        assert row_threads in (256, 512, 1024), case
+        assert row_batch in (1, 4), case
+        if i == 1:
+            # batches only for rows of one vector a lane; larger blocks only for unsplit rows
+            assert row_batch == 1 or -(-r // vec) <= 32, case
+            assert row_threads == 256 or splits == 1, case
+            # a split row keeps at least two blocks' worth of vectors a piece
+            assert splits == 1 or r // vec // splits >= 2 * 256, case
+        else:
+            assert row_batch == 1 and row_threads == 256, case
+            # a split column chunk gives each thread at least 8 rows
+            assert splits == 1 or r // splits >= (256 // col_threads) * 8, case
