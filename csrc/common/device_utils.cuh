@@ -71,6 +71,16 @@ __device__ __forceinline__ void store_pack(T* dst, Pack<T, kVec> const& v) {
   *reinterpret_cast<Pack<T, kVec>*>(dst) = v;
 }
 
+// The same store for results no later access of the kernel wants in L2 (st.global.cs, evict
+// first): 16-byte packs.
+template <class T, int kVec>
+__device__ __forceinline__ void store_pack_once(T* dst, Pack<T, kVec> const& v) {
+  static_assert(sizeof(Pack<T, kVec>) == 16, "store_pack_once stores 16-byte packs");
+  uint4 u;
+  memcpy(&u, &v, 16);
+  __stcs(reinterpret_cast<uint4*>(dst), u);
+}
+
 // kVec adjacent elements as one load (store), converted to (from) fp32.
 template <class T, int kVec>
 __device__ __forceinline__ void load_vec(const T* src, float (&out)[kVec]) {
@@ -79,12 +89,17 @@ __device__ __forceinline__ void load_vec(const T* src, float (&out)[kVec]) {
   for (int i = 0; i < kVec; ++i) out[i] = float(pk.v[i]);
 }
 
-template <class T, int kVec>
+// kOnce: stored with store_pack_once.
+template <class T, int kVec, bool kOnce = false>
 __device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
   Pack<T, kVec> pk;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) pk.v[i] = T(in[i]);
-  store_pack<T, kVec>(dst, pk);
+  if constexpr (kOnce) {
+    store_pack_once<T, kVec>(dst, pk);
+  } else {
+    store_pack<T, kVec>(dst, pk);
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -563,19 +563,6 @@ __device__ __forceinline__ void normalize_piece(LayerNormParams const& p, Dropou
 // that kernel: 1.07x at fp32 512x262144, 1.5x at 128x1048576 (bench/NOTES.md section 62).
 constexpr int kSpillBatch = 4;
 
-// store_vec with st.global.cs: y's lines are evicted from L2 first, which leaves more of the
-// tails there for their second read.
-template <class T, int kVec>
-__device__ __forceinline__ void store_vec_once(T* dst, const float (&in)[kVec]) {
-  Pack<T, kVec> pk;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) pk.v[i] = T(in[i]);
-  static_assert(sizeof(Pack<T, kVec>) == 16, "the spill kernel stores 16-byte pieces");
-  uint4 v;
-  memcpy(&v, &pk, 16);
-  __stcs(reinterpret_cast<uint4*>(dst), v);
-}
-
 // Calls use(col, piece) for the pieces of src at columns first, first + stride, ... below n, the
 // loads of kBatch pieces issued before any of them is used.
 template <int kBatch, class T, int kVec, class Use>
@@ -629,7 +616,7 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   for_own_pieces_landing<T>(in_smem, [&](int col) { add_piece(raw_input<kRelu>(load_raw<T, kVec>(row_s + col))); });
   if constexpr (kSpill) {
     // The tail after the held part, so that little traffic passes through L2 between the tail's
-    // first read and its second (below). With y's evict-first stores (store_vec_once), 1.00-1.06x
+    // first read and its second (below). With y's evict-first stores, 1.00-1.06x
     // as fast on an H200 as reading the tail first, while the held columns' copies land (DRAM
     // read at fp32 512 x 262144: 659 -> 622 MB for the order alone; bench/NOTES.md section 63).
     for_pieces_batched<kSpillBatch, T, kVec>(x_part, in_smem + own_first, part.n, stride,
@@ -687,11 +674,9 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
         h[j] = fmaf((raw_at<T, kVec>(r, j) - mean) * rstd, raw_at<T, kVec>(w, j), raw_at<T, kVec>(b, j));
       }
       if (drop.on) drop.apply<kVec>(h, first_index + uint64_t(col));
-      if constexpr (kSpill) {
-        store_vec_once<T, kVec>(y + col, h);
-      } else {
-        store_vec<T, kVec>(y + col, h);
-      }
+      // The spill kernel's y evict-first (st.global.cs), which leaves more of the tails in L2 for
+      // their second read.
+      store_vec<T, kVec, kSpill>(y + col, h);
     };
     if constexpr (kSpill) {
       // The tail again (mostly from L2), kBatch loads in flight before any store: a store to y
