@@ -42,10 +42,12 @@ from cutlass_ext.ops import _runtime  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # rows x cols: the issue's two reference shapes (32768x4096 and 65536x512), rows from 128 to
-# 262144 columns at about 2^25..2^27 elements, and two small launch-bound shapes.
+# 262144 columns at about 2^25..2^27 elements, a width that is no power of two (3000 columns: the
+# kernels' remainders of vectors a thread; sums over such rows ran at 0.68x torch.compile where the
+# bench set had none, bench/NOTES.md section 64), and two small launch-bound shapes.
 SHAPES = [
     (65536, 128), (65536, 512), (32768, 1024), (32768, 4096), (8192, 16384),
-    (2048, 65536), (512, 262144), (4096, 128), (1024, 1024),
+    (2048, 65536), (512, 262144), (8192, 3000), (4096, 128), (1024, 1024),
 ]
 LARGE = 2**25  # elements from which the bandwidth targets apply
 
