@@ -257,8 +257,8 @@ at::Tensor sum_cuda(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
   p.output = out.data_ptr();
   plan_sum(p, sm_count(x.device().index()));
   at::Tensor partials;
-  if (p.splits > 1) {
-    partials = at::empty({p.outer * p.splits * p.inner}, x.options().dtype(at::kFloat));
+  if (p.plan.splits > 1) {
+    partials = at::empty({p.outer * p.plan.splits * p.inner}, x.options().dtype(at::kFloat));
     p.partials = partials.data_ptr<float>();
   }
   check_launch(cutlass_ext::sum(p, current_stream(x.device())), op, "sum");

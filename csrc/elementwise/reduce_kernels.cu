@@ -131,16 +131,16 @@ __global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int
     for (int u = 0; u < kUnroll; ++u) acc += pack_sum<T, kVec>(x[u]);
   }
   for (; v < v_end; v += kBlock) acc += pack_sum<T, kVec>(load_pack<T, kVec>(in + v * kVec));
-  if (split == p.splits - 1) {
+  if (split == p.plan.splits - 1) {
     for (int64_t e = vectors * kVec + threadIdx.x; e < p.reduce; e += kBlock) acc += float(in[e]);
   }
-  if (p.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
+  if (p.plan.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
   acc = block_sum(acc, scratch);
   if (threadIdx.x != 0) return;
-  if (p.splits == 1) {
+  if (p.plan.splits == 1) {
     static_cast<T*>(p.output)[row] = T(acc);
   } else {
-    p.partials[row * p.splits + split] = acc;
+    p.partials[row * p.plan.splits + split] = acc;
   }
 }
 
@@ -148,12 +148,12 @@ template <class T, int kVec, int kGroup>
 void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest.
   constexpr int64_t kMaxBlocks = 65535;
-  const int64_t rows_per_block = int64_t(kThreads / kGroup) * p.row_batch;
+  const int64_t rows_per_block = int64_t(kThreads / kGroup) * p.plan.row_batch;
   const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
   if constexpr (kGroup == 32 && kVec > 1) {
     if (p.reduce / kVec >= kDeepLoads * 32) return void(sum_rows_deep_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(p));
   }
-  if (p.row_batch == kRowBatch) {
+  if (p.plan.row_batch == kRowBatch) {
     sum_rows_group_kernel<T, kVec, kGroup, kRowBatch><<<blocks, kThreads, 0, stream>>>(p);
   } else {
     sum_rows_group_kernel<T, kVec, kGroup, 1><<<blocks, kThreads, 0, stream>>>(p);
@@ -163,7 +163,7 @@ void launch_rows_group(SumParams const& p, cudaStream_t stream) {
 template <class T, int kVec>
 void launch_rows(SumParams const& p, cudaStream_t stream) {
   const int64_t vectors = ceil_div(p.reduce, kVec);
-  if (vectors <= max_group_vectors(kVec) && p.splits == 1) {
+  if (vectors <= max_group_vectors(kVec) && p.plan.splits == 1) {
     switch (group_lanes(vectors)) {
       case 4: return launch_rows_group<T, kVec, 4>(p, stream);
       case 8: return launch_rows_group<T, kVec, 8>(p, stream);
@@ -171,12 +171,12 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
       default: return launch_rows_group<T, kVec, 32>(p, stream);
     }
   }
-  const int64_t chunk = ceil_div(p.reduce / kVec, p.splits);
-  const dim3 grid(unsigned(p.outer), unsigned(p.splits));
+  const int64_t chunk = ceil_div(p.reduce / kVec, p.plan.splits);
+  const dim3 grid(unsigned(p.outer), unsigned(p.plan.splits));
   // The block size is plan_sum's (any block size sums any split correctly).
-  if (p.row_threads == 4 * kThreads) {
+  if (p.plan.row_threads == 4 * kThreads) {
     sum_rows_block_kernel<T, kVec, 4 * kThreads><<<grid, 4 * kThreads, 0, stream>>>(p, chunk);
-  } else if (p.row_threads == 2 * kThreads) {
+  } else if (p.plan.row_threads == 2 * kThreads) {
     sum_rows_block_kernel<T, kVec, 2 * kThreads><<<grid, 2 * kThreads, 0, stream>>>(p, chunk);
   } else {
     sum_rows_block_kernel<T, kVec, kThreads><<<grid, kThreads, 0, stream>>>(p, chunk);
@@ -222,15 +222,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
       for (int i = 0; i < kVec; ++i) acc[i] += float(x.v[i]);
     }
   }
-  if (p.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
+  if (p.plan.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
   const int width = tx * kVec;
   const float total = block_column_totals<kThreads, kVec>(acc);
   const int t = threadIdx.y * tx + threadIdx.x;
   if (t >= width || col0 + t >= p.inner) return;
-  if (p.splits == 1) {
+  if (p.plan.splits == 1) {
     static_cast<T*>(p.output)[o * p.inner + col0 + t] = T(total);
   } else {
-    p.partials[(o * p.splits + blockIdx.y) * p.inner + col0 + t] = total;
+    p.partials[(o * p.plan.splits + blockIdx.y) * p.inner + col0 + t] = total;
   }
 }
 
@@ -240,8 +240,8 @@ void launch_columns(SumParams const& p, int col_threads, cudaStream_t stream) {
   const int tx = column_threads(inner_vecs, col_threads);
   const dim3 block{unsigned(tx), unsigned(kThreads / tx)};
   const int64_t col_blocks = ceil_div(inner_vecs, tx);
-  const int64_t rows_per_split = ceil_div(p.reduce, p.splits);
-  const dim3 grid{unsigned(col_blocks * p.outer), unsigned(p.splits)};
+  const int64_t rows_per_split = ceil_div(p.reduce, p.plan.splits);
+  const dim3 grid{unsigned(col_blocks * p.outer), unsigned(p.plan.splits)};
   sum_columns_kernel<T, kVec><<<grid, block, 0, stream>>>(p, col_blocks, rows_per_split);
 }
 
@@ -255,7 +255,7 @@ struct SumFn {
       return launch_rows<T, 1>(p, stream);
     }
     if (aligned && p.inner % kVec == 0 && p.reduce_stride % kVec == 0) {
-      return launch_columns<T, kVec>(p, p.col_threads, stream);
+      return launch_columns<T, kVec>(p, p.plan.col_threads, stream);
     }
     launch_columns<T, 1>(p, kMaxColumnThreads, stream);  // one element a thread: keep warps' rows wide
   }
@@ -377,18 +377,14 @@ struct PartialsFn {
 }  // namespace
 
 void plan_sum(SumParams& p, int sm_count) {
-  const SumPlan plan = plan_sum_shape(p.outer, p.reduce, p.inner, p.dtype == DType::kF32 ? 4 : 8, sm_count);
-  p.splits = plan.splits;
-  p.col_threads = plan.col_threads;
-  p.row_threads = plan.row_threads;
-  p.row_batch = plan.row_batch;
+  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, p.dtype == DType::kF32 ? 4 : 8, sm_count);
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {
   if (p.outer == 0 || p.inner == 0 || p.reduce == 0) return {};
   const LaunchResult r = dispatch_dtype<SumFn>(p, stream);
-  if (!r.ok() || p.splits == 1) return r;
-  return sum_partials(p.partials, p.outer, p.splits, p.inner, p.dtype, p.output, stream);
+  if (!r.ok() || p.plan.splits == 1) return r;
+  return sum_partials(p.partials, p.outer, p.plan.splits, p.inner, p.dtype, p.output, stream);
 }
 
 LaunchResult sum_partials(const float* partials, int64_t outer, int splits, int64_t inner, DType dtype, void* out,

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/sum_plan.h"
 #include "common/types.h"
 
 namespace cutlass_ext {
@@ -26,16 +27,13 @@ struct SumParams {
   DType dtype = DType::kBF16;
   const void* input = nullptr;
   void* output = nullptr;     // [outer, inner], contiguous
-  float* partials = nullptr;  // [outer, splits, inner] fp32 workspace, needed when splits > 1
-  int splits = 1;             // from plan_sum()
-  int col_threads = 32;       // from plan_sum(): threads across a column chunk (inner > 1)
-  int row_threads = 256;      // from plan_sum(): the block of the long-row kernel (inner == 1)
-  int row_batch = 1;          // from plan_sum(): short rows a lane group sums together (inner == 1)
+  float* partials = nullptr;  // [outer, plan.splits, inner] fp32 workspace, needed when plan.splits > 1
+  SumPlan plan;               // from plan_sum()
 };
 
-// Sets p.splits, how many blocks share one reduction (1: no workspace, no second stage) so that
-// the grid fills `sm_count` multiprocessors, and p.col_threads, p.row_threads and p.row_batch,
-// from p's shape and dtype. The workspace holds outer * splits * inner floats.
+// Sets p.plan from p's shape and dtype (common/sum_plan.h): among others plan.splits, how many
+// blocks share one reduction (1: no workspace, no second stage) so that the grid fills `sm_count`
+// multiprocessors. The workspace holds outer * plan.splits * inner floats.
 void plan_sum(SumParams& p, int sm_count);
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream);
