@@ -616,9 +616,9 @@ __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const&
   for_own_pieces_landing<T>(in_smem, [&](int col) { add_piece(raw_input<kRelu>(load_raw<T, kVec>(row_s + col))); });
   if constexpr (kSpill) {
     // The tail after the held part, so that little traffic passes through L2 between the tail's
-    // first read and its second (below). With y's evict-first stores, 1.00-1.06x
-    // as fast on an H200 as reading the tail first, while the held columns' copies land (DRAM
-    // read at fp32 512 x 262144: 659 -> 622 MB for the order alone; bench/NOTES.md section 63).
+    // first read and its second (below). With y's evict-first stores, 1.00-1.06x as fast on an
+    // H200 as reading the tail first, while the held columns' copies land (DRAM read at fp32
+    // 512 x 262144: 659 -> 622 MB for the order alone; bench/NOTES.md section 63).
     for_pieces_batched<kSpillBatch, T, kVec>(x_part, in_smem + own_first, part.n, stride,
                                              [&](int, RawVec<T, kVec> const& r) { add_piece(raw_input<kRelu>(r)); });
   }
