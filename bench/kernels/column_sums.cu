@@ -30,7 +30,7 @@ struct Plan {
   int blocks_per_sm = 0;
 };
 
-void run(int64_t rows, int64_t cols, int sms, bool read_flush) {
+void run(int64_t rows, int64_t cols, int sms, int64_t l2_bytes, bool read_flush) {
   const int64_t n = rows * cols;
   __nv_bfloat16 *x, *out, *copy;
   float* partials;
@@ -59,7 +59,7 @@ void run(int64_t rows, int64_t cols, int sms, bool read_flush) {
     p.input = x;
     p.output = out;
     p.partials = partials;
-    cutlass_ext::plan_sum(p, sms);
+    cutlass_ext::plan_sum(p, sms, l2_bytes);
     if (plan.col_threads > 0) {
       const int64_t vecs = (cols + 7) / 8;
       int ct = 1;
@@ -67,10 +67,10 @@ void run(int64_t rows, int64_t cols, int sms, bool read_flush) {
       const int64_t blocks = (vecs + ct - 1) / ct;
       const int64_t thread_rows = kThreads / ct;
       const int64_t target = int64_t(plan.blocks_per_sm) * sms;
-      p.col_threads = ct;
-      p.splits = int(std::max<int64_t>(1, std::min(target / blocks, rows / (thread_rows * kMinRowsPerThread))));
+      p.plan.col_threads = ct;
+      p.plan.splits = int(std::max<int64_t>(1, std::min(target / blocks, rows / (thread_rows * kMinRowsPerThread))));
     }
-    if (p.splits > max_splits) p.splits = int(max_splits);
+    if (p.plan.splits > max_splits) p.plan.splits = int(max_splits);
     params.push_back(p);
   }
   // Check each plan at sampled columns against a float64 sum of the bf16 inputs.
@@ -110,7 +110,7 @@ void run(int64_t rows, int64_t cols, int sms, bool read_flush) {
   for (size_t v = 0; v < plans.size(); ++v) {
     const auto [med, mn] = median_min(times[v + 1]);
     std::printf("  %-12s threads %2d splits %4d: %7.1f us (min %7.1f)  %5.0f GB/s read  %.2fx copy time\n",
-                plans[v].name.c_str(), params[v].col_threads, params[v].splits, med, mn, double(n) * 2 / med / 1e3,
+                plans[v].name.c_str(), params[v].plan.col_threads, params[v].plan.splits, med, mn, double(n) * 2 / med / 1e3,
                 copy_us / med);
   }
 }
@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
   int device = 0, sms = 0;
   KB_CHECK_CUDA(cudaGetDevice(&device));
   KB_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int l2_bytes = 0;
+  KB_CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
   bool read_flush = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--read-flush") {
@@ -133,7 +135,7 @@ int main(int argc, char** argv) {
       std::printf("usage: column_sums [--read-flush] ROWSxCOLS ...\n");
       return 2;
     }
-    kernel_bench::run(rows, cols, sms, read_flush);
+    kernel_bench::run(rows, cols, sms, l2_bytes, read_flush);
   }
   return 0;
 }
