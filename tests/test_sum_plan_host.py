@@ -11,6 +11,7 @@ import pytest
 from .helpers import ROOT, compile_host_program
 
 SMS = 132  # an H200's multiprocessors; the grid target is four blocks an SM
+L2 = 50 << 20  # an H200's L2 cache bytes
 
 
 @pytest.fixture(scope="module")
@@ -19,22 +20,28 @@ def driver(tmp_path_factory):
                                 [ROOT / "tests" / "cpp" / "sum_plan_driver.cpp"], [])
 
 
-def plans(driver, cases):
-    """(outer, reduce, inner, vec, sm_count) -> (splits, col_threads, row_threads, row_batch)."""
+def full_plans(driver, cases):
+    """(outer, reduce, inner, vec, sm_count, l2_bytes) -> (splits, col_threads, row_threads, row_batch,
+    block_once)."""
     text = "".join(" ".join(map(str, c)) + "\n" for c in cases)
     out = subprocess.run([str(driver)], input=text, capture_output=True, text=True, check=True).stdout.split()
-    assert len(out) == 4 * len(cases)
-    return [tuple(int(v) for v in out[i:i + 4]) for i in range(0, len(out), 4)]
+    assert len(out) == 5 * len(cases)
+    return [tuple(int(v) for v in out[i:i + 5]) for i in range(0, len(out), 5)]
+
+
+def plans(driver, cases):
+    """The launch shape alone: (splits, col_threads, row_threads, row_batch)."""
+    return [p[:4] for p in full_plans(driver, cases)]
 
 
 def rows(n, cols, vec=8):
     """A row sum over the last dim of [n, cols]."""
-    return (n, cols, 1, vec, SMS)
+    return (n, cols, 1, vec, SMS, L2)
 
 
 def columns(n, cols, vec=8):
     """A column sum over the first dim of [n, cols]."""
-    return (1, n, cols, vec, SMS)
+    return (1, n, cols, vec, SMS, L2)
 
 
 # case -> (splits, col_threads, row_threads, row_batch)
@@ -58,7 +65,7 @@ MEASURED = [
     # and wide chunks that fill the GPU alone
     (columns(4096, 128), (16, 8, 256, 1)),
     (columns(32768, 4096), (8, 8, 256, 1)),
-    ((512, 64, 4096, 8, SMS), (1, 32, 256, 1)),
+    ((512, 64, 4096, 8, SMS, L2), (1, 32, 256, 1)),
 ]
 
 
@@ -67,15 +74,39 @@ def test_measured_shapes(driver, case, expected):
     assert plans(driver, [case]) == [expected]
 
 
+# The long-row block kernel's evict-first loads up to four times the L2 (section 65):
+# case -> block_once
+LOADS = [
+    (rows(4096, 3000, vec=4), 1),    # 49 MB: 1.13x
+    (rows(8192, 2500, vec=4), 1),    # 82 MB: 1.17x
+    (rows(4096, 20000), 1),          # 164 MB: 1.04x
+    (rows(16384, 3500, vec=4), 0),   # 229 MB: plain 1.04x faster
+    (rows(32768, 4096, vec=4), 0),   # 537 MB: plain 1.04x faster
+    (rows(512, 262144), 0),          # 268 MB
+    (columns(4096, 128), 0),         # not a row sum
+]
+
+
+@pytest.mark.parametrize("case, expected", LOADS)
+def test_block_loads_by_size(driver, case, expected):
+    assert full_plans(driver, [case])[0][4] == expected
+    # the same rows on a GPU of twice the L2 (and no L2) move the limit with it
+    bigger = case[:5] + (2 * case[5],)
+    smaller = case[:5] + (0,)
+    assert full_plans(driver, [bigger])[0][4] >= expected
+    assert full_plans(driver, [smaller])[0][4] == 0
+
+
 def test_bounds_on_a_sweep(driver):
-    cases = [(o, r, i, vec, sms) for o in (1, 3, 100, 131, 528, 4096, 65536) for r in (1, 7, 128, 4097, 262144)
+    cases = [(o, r, i, vec, sms, L2) for o in (1, 3, 100, 131, 528, 4096, 65536) for r in (1, 7, 128, 4097, 262144)
              for i in (1, 5, 128, 4096) for vec in (4, 8) for sms in (1, 132)]
-    for (o, r, i, vec, sms), (splits, col_threads, row_threads, row_batch) in zip(cases, plans(driver, cases)):
-        case = (o, r, i, vec, sms)
+    for case, (splits, col_threads, row_threads, row_batch, once) in zip(cases, full_plans(driver, cases)):
+        o, r, i, vec, sms, _ = case
         assert 1 <= splits <= 65535, case
         assert col_threads in (1, 2, 4, 8, 16, 32), case
         assert row_threads in (256, 512, 1024), case
         assert row_batch in (1, 4), case
+        assert once == int(i == 1 and o * r * (16 // vec) <= 4 * L2), case
         if i == 1:
             # batches only for rows of one vector a lane; larger blocks only for unsplit rows
             assert row_batch == 1 or -(-r // vec) <= 32, case

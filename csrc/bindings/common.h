@@ -81,6 +81,10 @@ inline int sm_count(int device) {
   return device_attribute<cudaDevAttrMultiProcessorCount>(device, "multiprocessor count");
 }
 
+inline int64_t l2_cache_bytes(int device) {
+  return device_attribute<cudaDevAttrL2CacheSize>(device, "L2 cache size");
+}
+
 inline int compute_capability_major(int device) {
   return device_attribute<cudaDevAttrComputeCapabilityMajor>(device, "compute capability");
 }

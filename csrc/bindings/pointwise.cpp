@@ -255,7 +255,7 @@ at::Tensor sum_cuda(const at::Tensor& x, at::IntArrayRef dim, bool keepdim) {
   p.dtype = dt;
   p.input = src.data_ptr();
   p.output = out.data_ptr();
-  plan_sum(p, sm_count(x.device().index()));
+  plan_sum(p, sm_count(x.device().index()), l2_cache_bytes(x.device().index()));
   at::Tensor partials;
   if (p.plan.splits > 1) {
     partials = at::empty({p.outer * p.plan.splits * p.inner}, x.options().dtype(at::kFloat));

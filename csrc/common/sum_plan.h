@@ -31,6 +31,14 @@ constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
 constexpr int kSplitColumnThreads = 8;    // the same where the rows are split: 128 bytes
+// The long-row block kernel reads evict-first (ld.global.cs) up to this many times the L2's bytes:
+// its lines leave L2 before the dirty lines a previous kernel left there, which are then not
+// written back during the sum. On an H200 (50 MB of L2), after a zeroing L2 flush: 1.07-1.20x at
+// 25-164 MB (fp32 4096x3000, 8192x2500, 2048x3000; bf16 4096x6000, 8192x5000, 2048x16384; fp16
+// 4096x20000); from 229 MB mixed: fp32 1.01-1.04x slower (16384x3500, 32768x4096, 8192x8192,
+// 1024x65536), bf16 1.02-1.10x faster (bench/NOTES.md section 65). The short rows' kernels always
+// read evict-first.
+constexpr int64_t kOnceL2Multiple = 4;
 
 }  // namespace sum_rules
 
@@ -44,11 +52,13 @@ struct SumPlan {
   int col_threads = sum_rules::kMaxColumnThreads;  // threads across a column chunk (inner > 1)
   int row_threads = sum_rules::kThreads;           // the long-row kernel's block (inner == 1)
   int row_batch = 1;    // short rows a lane group sums together (inner == 1)
+  bool block_once = false;  // the long-row block kernel's loads evict-first (inner == 1)
 };
 
 // `vec`: elements in 16 bytes (4 for fp32, 8 for 16-bit types). The splits fill `sm_count`
-// multiprocessors at the grid target.
-inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int vec, int sm_count) {
+// multiprocessors at the grid target; `l2_bytes` is the device's L2 cache size.
+inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int vec, int sm_count,
+                              int64_t l2_bytes) {
   using namespace sum_rules;
   SumPlan plan;
   const int64_t target = int64_t(kBlocksPerSm) * std::max(sm_count, 1);
@@ -65,6 +75,7 @@ inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int 
     if (vectors > max_group_vectors(vec) && 4 * outer < target) {
       splits = std::min(ceil_div(target, outer), vectors / kMinChunkVectors);
     }
+    plan.block_once = outer * reduce * (16 / vec) <= kOnceL2Multiple * l2_bytes;
   } else {
     // Wide chunks (32 threads of 16 bytes) where they alone fill the GPU. Otherwise narrow ones
     // (8 threads: 128 bytes of a row), whose blocks split the rows: more column blocks leave fewer

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/dependent_launch.h"
 #include "common/device_utils.cuh"
@@ -110,10 +111,18 @@ __global__ void __launch_bounds__(kThreads, 1) sum_rows_deep_kernel(SumParams p)
 }
 
 // Long rows: block (row, split) of kBlock threads sums the split-th chunk of chunk_vectors vectors
-// of its row; the tail elements (reduce % kVec) belong to the last split. Plain loads: with
-// evict-first loads (ld.global.cs) these rows read 1.02-1.06x slower on an H200, where the short
-// rows' kernel above gains from them (bench/NOTES.md sections 34 and 63).
-template <class T, int kVec, int kBlock>
+// of its row; the tail elements (reduce % kVec) belong to the last split. Evict-first loads
+// (kOnce) up to a few times the L2's size, plain ones above (sum_rules::kOnceL2Multiple).
+template <class T, int kVec, bool kOnce>
+__device__ __forceinline__ Pack<T, kVec> load_row_pack(const T* src) {
+  if constexpr (kOnce) {
+    return load_pack_once<T, kVec>(src);
+  } else {
+    return load_pack<T, kVec>(src);
+  }
+}
+
+template <class T, int kVec, int kBlock, bool kOnce>
 __global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int64_t chunk_vectors) {
   __shared__ float scratch[kBlock / 32];
   const int64_t row = blockIdx.x;
@@ -126,7 +135,7 @@ __global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int
   for (; v + (kUnroll - 1) * kBlock < v_end; v += kUnroll * kBlock) {
     Pack<T, kVec> x[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = load_pack<T, kVec>(in + (v + u * kBlock) * kVec);
+    for (int u = 0; u < kUnroll; ++u) x[u] = load_row_pack<T, kVec, kOnce>(in + (v + u * kBlock) * kVec);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc += pack_sum<T, kVec>(x[u]);
   }
@@ -137,7 +146,7 @@ __global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int
     Pack<T, kVec> x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (v + u * kBlock < v_end) x[u] = load_pack<T, kVec>(in + (v + u * kBlock) * kVec);
+      if (v + u * kBlock < v_end) x[u] = load_row_pack<T, kVec, kOnce>(in + (v + u * kBlock) * kVec);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -186,13 +195,21 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
   }
   const int64_t chunk = ceil_div(p.reduce / kVec, p.plan.splits);
   const dim3 grid(unsigned(p.outer), unsigned(p.plan.splits));
-  // The block size is plan_sum's (any block size sums any split correctly).
-  if (p.plan.row_threads == 4 * kThreads) {
-    sum_rows_block_kernel<T, kVec, 4 * kThreads><<<grid, 4 * kThreads, 0, stream>>>(p, chunk);
-  } else if (p.plan.row_threads == 2 * kThreads) {
-    sum_rows_block_kernel<T, kVec, 2 * kThreads><<<grid, 2 * kThreads, 0, stream>>>(p, chunk);
+  // The block size and the loads are plan_sum's (any block size sums any split correctly).
+  auto launch = [&](auto once) {
+    constexpr bool kOnce = decltype(once)::value;
+    if (p.plan.row_threads == 4 * kThreads) {
+      sum_rows_block_kernel<T, kVec, 4 * kThreads, kOnce><<<grid, 4 * kThreads, 0, stream>>>(p, chunk);
+    } else if (p.plan.row_threads == 2 * kThreads) {
+      sum_rows_block_kernel<T, kVec, 2 * kThreads, kOnce><<<grid, 2 * kThreads, 0, stream>>>(p, chunk);
+    } else {
+      sum_rows_block_kernel<T, kVec, kThreads, kOnce><<<grid, kThreads, 0, stream>>>(p, chunk);
+    }
+  };
+  if (p.plan.block_once) {
+    launch(std::true_type{});
   } else {
-    sum_rows_block_kernel<T, kVec, kThreads><<<grid, kThreads, 0, stream>>>(p, chunk);
+    launch(std::false_type{});
   }
 }
 
@@ -389,8 +406,8 @@ struct PartialsFn {
 
 }  // namespace
 
-void plan_sum(SumParams& p, int sm_count) {
-  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, p.dtype == DType::kF32 ? 4 : 8, sm_count);
+void plan_sum(SumParams& p, int sm_count, int64_t l2_bytes) {
+  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, p.dtype == DType::kF32 ? 4 : 8, sm_count, l2_bytes);
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {

@@ -33,8 +33,8 @@ struct SumParams {
 
 // Sets p.plan from p's shape and dtype (common/sum_plan.h): among others plan.splits, how many
 // blocks share one reduction (1: no workspace, no second stage) so that the grid fills `sm_count`
-// multiprocessors. The workspace holds outer * plan.splits * inner floats.
-void plan_sum(SumParams& p, int sm_count);
+// multiprocessors of `l2_bytes` of L2 cache. The workspace holds outer * plan.splits * inner floats.
+void plan_sum(SumParams& p, int sm_count, int64_t l2_bytes);
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream);
 
