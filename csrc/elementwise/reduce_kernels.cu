@@ -94,8 +94,13 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
   }
 }
 
+// Rows a lane group at a time under a minimum of 2048 threads an SM (at most 32 registers: ptxas
+// gave fp32 34 otherwise, which leaves room for 1536); the row batches hold more registers for
+// their four loads in flight and keep no minimum.
+constexpr int kFullSmThreads = 2048;
 template <class T, int kVec, int kGroup, int kRows>
-__global__ void __launch_bounds__(kThreads) sum_rows_group_kernel(SumParams p) {
+__global__ void __launch_bounds__(kThreads, kRows == 1 ? kFullSmThreads / kThreads : 0)
+    sum_rows_group_kernel(SumParams p) {
   sum_rows_group<T, kVec, kGroup, kRows, 1>(p);
 }
 
@@ -122,8 +127,15 @@ __device__ __forceinline__ Pack<T, kVec> load_row_pack(const T* src) {
   }
 }
 
+//
+// 16-bit rows under a minimum of 2048 threads an SM: ptxas otherwise gave their 16-byte form 33-38
+// registers, which a register file of 64K holds for 1536 threads (1024 at 1024-thread blocks), and
+// bf16 512x262144 read 1.09-1.11x slower, 2048x65536 and 16384x8192 up to 1.06x, on an H200. fp32
+// keeps no minimum: at 32 registers its loop spilled, and it ran 1.06-1.12x slower (bench/NOTES.md
+// section 65).
 template <class T, int kVec, int kBlock, bool kOnce>
-__global__ void __launch_bounds__(kBlock) sum_rows_block_kernel(SumParams p, int64_t chunk_vectors) {
+__global__ void __launch_bounds__(kBlock, sizeof(T) == 2 ? kFullSmThreads / kBlock : 0)
+    sum_rows_block_kernel(SumParams p, int64_t chunk_vectors) {
   __shared__ float scratch[kBlock / 32];
   const int64_t row = blockIdx.x;
   const int split = blockIdx.y;
