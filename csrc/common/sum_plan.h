@@ -16,9 +16,8 @@ constexpr int kBlocksPerSm = 4;   // grid target of the split decisions
 // Rows up to this many vectors: a group of lanes per row (a warp from 17 vectors), no block-wide
 // sum. Rows of 512 16-byte vectors ran faster this way than as a 256-thread block a row on an
 // H200: bf16 32768x4096 1.14x, fp32 65536x2048 and 32768x2048 1.20-1.22x; at 1024 (bf16
-// 16384x8192, fp32 32768x4096) 1.03-1.07x slower (bench/NOTES.md sections 63 and 64). Rows read
-// an element at a time (no 16-byte alignment) keep 256.
-constexpr int64_t max_group_vectors(int vec) { return vec == 1 ? 256 : 512; }
+// 16384x8192, fp32 32768x4096) 1.03-1.07x slower (bench/NOTES.md sections 63 and 64).
+constexpr int64_t kMaxGroupVectors = 512;
 // Lanes a row in the group kernel: a power of two from 4 to 32, at least the row's vectors up to a
 // warp.
 constexpr int group_lanes(int64_t vectors) { return vectors <= 4 ? 4 : vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32; }
@@ -72,7 +71,7 @@ inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int 
     // From a quarter of the target, one block a row instead of splits and a second stage, the
     // fewer the rows the larger the block: 1.02-1.07x at 200-512 rows on an H200 (bench/NOTES.md
     // section 63).
-    if (vectors > max_group_vectors(vec) && 4 * outer < target) {
+    if (vectors > kMaxGroupVectors && 4 * outer < target) {
       splits = std::min(ceil_div(target, outer), vectors / kMinChunkVectors);
     }
     plan.block_once = outer * reduce * (16 / vec) <= kOnceL2Multiple * l2_bytes;

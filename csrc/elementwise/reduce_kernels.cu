@@ -27,13 +27,24 @@ __device__ __forceinline__ float pack_sum(Pack<T, kVec> const& v) {
 // ------------------------------------------------------------------------------------------------
 // Row reductions (inner == 1): row `o` is input[o * outer_stride + (0 .. reduce-1)].
 
+// Rows that start off a 16-byte boundary (kPeel: a row pitch that is not a whole number of 16-byte
+// vectors, or an offset view): the row's first elements up to the next boundary, fewer than kVec,
+// are read one at a time, the rest as 16-byte vectors from there. Returns that head's length.
+template <class T, int kVec>
+__device__ __forceinline__ int row_head(const T* in, int64_t reduce) {
+  const int off = int(reinterpret_cast<uintptr_t>(in) & 15) / int(sizeof(T));
+  const int head = (kVec - off) % kVec;
+  return reduce < head ? int(reduce) : head;
+}
+
 // Short rows: kGroup adjacent lanes per row, kThreads / kGroup rows per block, grid-stride over
 // rows in whole warps (so every lane of a warp reaches the shuffles). A lane group sums kRows rows
 // together, their loads in flight at once; the warp's rows of one batch are kRowsPerWarp apart, so
 // that each load instruction of the warp reads adjacent rows. With kRows == 1, each lane loads
 // kDepth (> 1) of its row's vectors together, the rest four at a time.
-template <class T, int kVec, int kGroup, int kRows, int kDepth>
+template <class T, int kVec, int kGroup, int kRows, int kDepth, bool kPeel = false>
 __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
+  static_assert(!kPeel || kRows == 1, "rows of different heads are not batched");
   constexpr int kRowsPerWarp = 32 / kGroup;
   const int lane = threadIdx.x % kGroup;
   const int64_t warp = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
@@ -48,6 +59,22 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
     if constexpr (kRows == 1) {
       if (row0 < p.outer) {
         const T* in = input + row0 * p.outer_stride;
+        int64_t reduce = p.reduce, vectors = p.reduce / kVec;
+        // The head's loads (predicated, a lane's at most two) are issued first and added last, so
+        // that the vectors' loads do not wait for them.
+        constexpr int kHeadLoads = kPeel ? (kVec - 2 + kGroup) / kGroup : 0;
+        T head_x[kHeadLoads > 0 ? kHeadLoads : 1];
+        if constexpr (kPeel) {
+          const int head = row_head<T, kVec>(in, reduce);
+#pragma unroll
+          for (int h = 0; h < kHeadLoads; ++h) {
+            head_x[h] = T(0.f);
+            if (lane + h * kGroup < head) head_x[h] = in[lane + h * kGroup];
+          }
+          in += head;
+          reduce -= head;
+          vectors = reduce / kVec;
+        }
         int64_t v = lane;
         if constexpr (kDepth > 1) {
           for (; v + (kDepth - 1) * kGroup < vectors; v += kDepth * kGroup) {
@@ -60,7 +87,9 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
         }
 #pragma unroll 4
         for (; v < vectors; v += kGroup) acc[0] += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
-        for (int64_t e = vectors * kVec + lane; e < p.reduce; e += kGroup) acc[0] += float(in[e]);
+        for (int64_t e = vectors * kVec + lane; e < reduce; e += kGroup) acc[0] += float(in[e]);
+#pragma unroll
+        for (int h = 0; h < kHeadLoads; ++h) acc[0] += float(head_x[h]);
       }
     } else {
       for (int64_t v = lane; v < vectors; v += kGroup) {
@@ -98,10 +127,10 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
 // gave fp32 34 otherwise, which leaves room for 1536); the row batches hold more registers for
 // their four loads in flight and keep no minimum.
 constexpr int kFullSmThreads = 2048;
-template <class T, int kVec, int kGroup, int kRows>
-__global__ void __launch_bounds__(kThreads, kRows == 1 ? kFullSmThreads / kThreads : 0)
+template <class T, int kVec, int kGroup, int kRows, bool kPeel>
+__global__ void __launch_bounds__(kThreads, kRows == 1 && !kPeel ? kFullSmThreads / kThreads : 0)
     sum_rows_group_kernel(SumParams p) {
-  sum_rows_group<T, kVec, kGroup, kRows, 1>(p);
+  sum_rows_group<T, kVec, kGroup, kRows, 1, kPeel>(p);
 }
 
 // Rows of 256 to 512 vectors (8 to 16 a lane): eight loads a lane issued together. Under
@@ -110,9 +139,9 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kFullSmThreads / kThrea
 // eight first (94 registers for fp32). 1.02-1.08x on an H200 (fp32 1024x2048 1.08x, 65536x1024
 // 1.05x, 65536x2048 1.02x; bf16 32768x4096 and 65536x2048 1.02x; bench/NOTES.md section 64).
 constexpr int kDeepLoads = 8;
-template <class T, int kVec>
+template <class T, int kVec, bool kPeel>
 __global__ void __launch_bounds__(kThreads, 1) sum_rows_deep_kernel(SumParams p) {
-  sum_rows_group<T, kVec, 32, 1, kDeepLoads>(p);
+  sum_rows_group<T, kVec, 32, 1, kDeepLoads, kPeel>(p);
 }
 
 // Long rows: block (row, split) of kBlock threads sums the split-th chunk of chunk_vectors vectors
@@ -133,16 +162,26 @@ __device__ __forceinline__ Pack<T, kVec> load_row_pack(const T* src) {
 // bf16 512x262144 read 1.09-1.11x slower, 2048x65536 and 16384x8192 up to 1.06x, on an H200. fp32
 // keeps no minimum: at 32 registers its loop spilled, and it ran 1.06-1.12x slower (bench/NOTES.md
 // section 65).
-template <class T, int kVec, int kBlock, bool kOnce>
+template <class T, int kVec, int kBlock, bool kOnce, bool kPeel>
 __global__ void __launch_bounds__(kBlock, sizeof(T) == 2 ? kFullSmThreads / kBlock : 0)
     sum_rows_block_kernel(SumParams p, int64_t chunk_vectors) {
   __shared__ float scratch[kBlock / 32];
   const int64_t row = blockIdx.x;
   const int split = blockIdx.y;
   const T* in = static_cast<const T*>(p.input) + row * p.outer_stride;
-  const int64_t vectors = p.reduce / kVec;
-  const int64_t v_end = min(vectors, (split + 1) * chunk_vectors);
+  int64_t reduce = p.reduce;
   float acc = 0.f;
+  // The head belongs to the first split, its load (predicated) issued first and added last; the
+  // chunks count the row's own vectors.
+  T head_x = T(0.f);
+  if constexpr (kPeel) {
+    const int head = row_head<T, kVec>(in, reduce);
+    if (split == 0 && int(threadIdx.x) < head) head_x = in[threadIdx.x];
+    in += head;
+    reduce -= head;
+  }
+  const int64_t vectors = reduce / kVec;
+  const int64_t v_end = min(vectors, (split + 1) * chunk_vectors);
   int64_t v = split * chunk_vectors + threadIdx.x;
   for (; v + (kUnroll - 1) * kBlock < v_end; v += kUnroll * kBlock) {
     Pack<T, kVec> x[kUnroll];
@@ -166,8 +205,9 @@ __global__ void __launch_bounds__(kBlock, sizeof(T) == 2 ? kFullSmThreads / kBlo
     }
   }
   if (split == p.plan.splits - 1) {
-    for (int64_t e = vectors * kVec + threadIdx.x; e < p.reduce; e += kBlock) acc += float(in[e]);
+    for (int64_t e = vectors * kVec + threadIdx.x; e < reduce; e += kBlock) acc += float(in[e]);
   }
+  if constexpr (kPeel) acc += float(head_x);
   if (p.plan.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
   acc = block_sum(acc, scratch);
   if (threadIdx.x != 0) return;
@@ -178,31 +218,33 @@ __global__ void __launch_bounds__(kBlock, sizeof(T) == 2 ? kFullSmThreads / kBlo
   }
 }
 
-template <class T, int kVec, int kGroup>
+template <class T, int kVec, int kGroup, bool kPeel>
 void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest.
   constexpr int64_t kMaxBlocks = 65535;
   const int64_t rows_per_block = int64_t(kThreads / kGroup) * p.plan.row_batch;
   const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
   if constexpr (kGroup == 32 && kVec > 1) {
-    if (p.reduce / kVec >= kDeepLoads * 32) return void(sum_rows_deep_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(p));
+    if (p.reduce / kVec >= kDeepLoads * 32) {
+      return void(sum_rows_deep_kernel<T, kVec, kPeel><<<blocks, kThreads, 0, stream>>>(p));
+    }
   }
-  if (p.plan.row_batch == kRowBatch) {
-    sum_rows_group_kernel<T, kVec, kGroup, kRowBatch><<<blocks, kThreads, 0, stream>>>(p);
+  if (!kPeel && p.plan.row_batch == kRowBatch) {
+    sum_rows_group_kernel<T, kVec, kGroup, kRowBatch, false><<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    sum_rows_group_kernel<T, kVec, kGroup, 1><<<blocks, kThreads, 0, stream>>>(p);
+    sum_rows_group_kernel<T, kVec, kGroup, 1, kPeel><<<blocks, kThreads, 0, stream>>>(p);
   }
 }
 
-template <class T, int kVec>
+template <class T, int kVec, bool kPeel>
 void launch_rows(SumParams const& p, cudaStream_t stream) {
   const int64_t vectors = ceil_div(p.reduce, kVec);
-  if (vectors <= max_group_vectors(kVec) && p.plan.splits == 1) {
+  if (vectors <= kMaxGroupVectors && p.plan.splits == 1) {
     switch (group_lanes(vectors)) {
-      case 4: return launch_rows_group<T, kVec, 4>(p, stream);
-      case 8: return launch_rows_group<T, kVec, 8>(p, stream);
-      case 16: return launch_rows_group<T, kVec, 16>(p, stream);
-      default: return launch_rows_group<T, kVec, 32>(p, stream);
+      case 4: return launch_rows_group<T, kVec, 4, kPeel>(p, stream);
+      case 8: return launch_rows_group<T, kVec, 8, kPeel>(p, stream);
+      case 16: return launch_rows_group<T, kVec, 16, kPeel>(p, stream);
+      default: return launch_rows_group<T, kVec, 32, kPeel>(p, stream);
     }
   }
   const int64_t chunk = ceil_div(p.reduce / kVec, p.plan.splits);
@@ -211,11 +253,11 @@ void launch_rows(SumParams const& p, cudaStream_t stream) {
   auto launch = [&](auto once) {
     constexpr bool kOnce = decltype(once)::value;
     if (p.plan.row_threads == 4 * kThreads) {
-      sum_rows_block_kernel<T, kVec, 4 * kThreads, kOnce><<<grid, 4 * kThreads, 0, stream>>>(p, chunk);
+      sum_rows_block_kernel<T, kVec, 4 * kThreads, kOnce, kPeel><<<grid, 4 * kThreads, 0, stream>>>(p, chunk);
     } else if (p.plan.row_threads == 2 * kThreads) {
-      sum_rows_block_kernel<T, kVec, 2 * kThreads, kOnce><<<grid, 2 * kThreads, 0, stream>>>(p, chunk);
+      sum_rows_block_kernel<T, kVec, 2 * kThreads, kOnce, kPeel><<<grid, 2 * kThreads, 0, stream>>>(p, chunk);
     } else {
-      sum_rows_block_kernel<T, kVec, kThreads, kOnce><<<grid, kThreads, 0, stream>>>(p, chunk);
+      sum_rows_block_kernel<T, kVec, kThreads, kOnce, kPeel><<<grid, kThreads, 0, stream>>>(p, chunk);
     }
   };
   if (p.plan.block_once) {
@@ -293,8 +335,12 @@ struct SumFn {
     constexpr int kVec = vec_width<T>();
     const bool aligned = aligned16(p.input) && p.outer_stride % kVec == 0;
     if (p.inner == 1) {
-      if (aligned) return launch_rows<T, kVec>(p, stream);
-      return launch_rows<T, 1>(p, stream);
+      // Rows off 16-byte boundaries read their heads an element at a time, then 16-byte vectors:
+      // 1.04-2.86x over reading them an element at a time on an H200 (bf16 65536x500 2.86x,
+      // 16384x3500 1.57x, 512x262140 1.25x; fp32 16384x1001 1.21x), but bf16 1024x1020 0.78x and
+      // fp32 65536x130 0.94x (bench/NOTES.md section 65).
+      if (aligned) return launch_rows<T, kVec, false>(p, stream);
+      return launch_rows<T, kVec, true>(p, stream);
     }
     if (aligned && p.inner % kVec == 0 && p.reduce_stride % kVec == 0) {
       return launch_columns<T, kVec>(p, p.plan.col_threads, stream);

@@ -278,6 +278,12 @@ SUM_CASES = {
     # 16-bit 4000 columns: 500 vectors)
     "warp_rows_2000": (lambda d, t: rand(300, 2000, device=d, dtype=t), -1),
     "warp_rows_4000": (lambda d, t: rand(300, 4000, device=d, dtype=t), -1),
+    # rows off 16-byte boundaries (row_4097, long_rows_400 and offset too): each row's head up to
+    # the next boundary read an element at a time, then vectors. Odd pitches, heads varying by row:
+    # a warp a row with eight loads a lane (16-bit) or a block a row (fp32); split rows of one
+    # offset view, a shared head
+    "peeled_rows_3001": (lambda d, t: rand(300, 3001, device=d, dtype=t), -1),
+    "peeled_split_rows": (lambda d, t: rand(20, 100001, device=d, dtype=t)[:, 1:], -1),
     "col_7": (lambda d, t: rand(300, 7, device=d, dtype=t), 0),
     "col_4097": (lambda d, t: rand(33, 4097, device=d, dtype=t), 0),
     "tall_columns": (lambda d, t: rand(20000, 24, device=d, dtype=t), 0),
