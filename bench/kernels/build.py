@@ -1,9 +1,9 @@
 """Builds the kernel-level benchmarks of bench/kernels (README.md there) with nvcc, no torch needed:
 
     python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|layer_norm_forward|streaming|fewrows|column_sums]
-                                  [--variants a,...]
+                                  [--variants a,...] [--out DIR]
 
-writes bench/kernels/build/gemm_variants (one translation unit per GEMM variant, compiled in
+writes (to --out, by default bench/kernels/build) bench/kernels/build/gemm_variants (one translation unit per GEMM variant, compiled in
 parallel), bench/kernels/build/layer_norm_rows, bench/kernels/build/layer_norm_forward,
 bench/kernels/build/streaming_add, bench/kernels/build/fewrows_shapes and
 bench/kernels/build/column_sums, for sm_90a.
@@ -146,10 +146,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--only", choices=["gemm", *PROGRAMS], default=None)
     parser.add_argument("--variants", default="", help="comma-separated GEMM variants to build (default: all)")
+    parser.add_argument("--out", type=Path, default=HERE / "build", help="output folder (default: bench/kernels/build)")
     args = parser.parse_args()
     nvcc = nvcc_command(find_cuda_home(), list(find_cutlass().include_dirs))
-    out = HERE / "build"
-    out.mkdir(exist_ok=True)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
     if args.only in (None, "gemm"):
         print("built", build_gemm(nvcc, out, args.jobs, [v for v in args.variants.split(",") if v]))
     for only, (name, sources) in PROGRAMS.items():
