@@ -144,9 +144,6 @@ __global__ void __launch_bounds__(kThreads, 1) sum_rows_deep_kernel(SumParams p)
   sum_rows_group<T, kVec, 32, 1, kDeepLoads, kPeel>(p);
 }
 
-// Long rows: block (row, split) of kBlock threads sums the split-th chunk of chunk_vectors vectors
-// of its row; the tail elements (reduce % kVec) belong to the last split. Evict-first loads
-// (kOnce) up to a few times the L2's size, plain ones above (sum_rules::kOnceL2Multiple).
 template <class T, int kVec, bool kOnce>
 __device__ __forceinline__ Pack<T, kVec> load_row_pack(const T* src) {
   if constexpr (kOnce) {
@@ -156,7 +153,9 @@ __device__ __forceinline__ Pack<T, kVec> load_row_pack(const T* src) {
   }
 }
 
-//
+// Long rows: block (row, split) of kBlock threads sums the split-th chunk of chunk_vectors vectors
+// of its row; the tail elements (reduce % kVec) belong to the last split. Evict-first loads
+// (kOnce) up to a few times the L2's size, plain ones above (sum_rules::kOnceL2Multiple).
 // 16-bit rows under a minimum of 2048 threads an SM: ptxas otherwise gave their 16-byte form 33-38
 // registers, which a register file of 64K holds for 1536 threads (1024 at 1024-thread blocks), and
 // bf16 512x262144 read 1.09-1.11x slower, 2048x65536 and 16384x8192 up to 1.06x, on an H200. fp32
@@ -220,7 +219,9 @@ __global__ void __launch_bounds__(kBlock, sizeof(T) == 2 ? kFullSmThreads / kBlo
 
 template <class T, int kVec, int kGroup, bool kPeel>
 void launch_rows_group(SumParams const& p, cudaStream_t stream) {
-  // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest.
+  // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest. Unaligned
+  // rows (kPeel), summed one row a lane group, keep the grid of the plan's row batches (a quarter
+  // of the blocks where it batches), as measured in bench/NOTES.md section 65.
   constexpr int64_t kMaxBlocks = 65535;
   const int64_t rows_per_block = int64_t(kThreads / kGroup) * p.plan.row_batch;
   const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
