@@ -195,6 +195,18 @@ def aux_cooperative(m: int, k: int, n: int, sms: int) -> bool:
     return m > 256 and k_padded <= 1024 and n_padded >= 256 and 2 * tiles >= sms
 
 
+def cuda_toolchain_available() -> bool:
+    """Whether nvcc and the CUTLASS headers are found the way the package's build finds them."""
+    from cutlass_ext import _build
+
+    try:
+        _build.find_cuda_home()
+        _build.find_cutlass()
+    except _build.BuildError:
+        return False
+    return True
+
+
 def compile_host_program(out_dir: Path, name: str, sources: list[Path], include_dirs: list[Path]) -> Path:
     """Builds a torch-free driver of csrc/ code (tests/cpp) with the host C++ compiler, csrc/ on
     the include path; skips the test where there is no compiler."""

@@ -10,21 +10,10 @@ import sys
 
 import pytest
 
-from cutlass_ext import _build
-
-from .helpers import ROOT
+from .helpers import ROOT, cuda_toolchain_available
 
 
-def _toolchain() -> bool:
-    try:
-        _build.find_cuda_home()
-        _build.find_cutlass()
-    except _build.BuildError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _toolchain(), reason="needs nvcc and the CUTLASS headers")
+@pytest.mark.skipif(not cuda_toolchain_available(), reason="needs nvcc and the CUTLASS headers")
 @pytest.mark.parametrize("program, binary", [("column_sums", "column_sums"), ("fewrows", "fewrows_shapes"),
                                              ("streaming", "streaming_add")])
 def test_harness_builds(tmp_path, program, binary):

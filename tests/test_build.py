@@ -15,6 +15,8 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
+from .helpers import cuda_toolchain_available
+
 
 @pytest.fixture
 def clean_env(monkeypatch):
@@ -332,12 +334,7 @@ def test_registry_rows_carry_cluster_size_and_occupancy_query():
 
 
 def _toolchain_available() -> bool:
-    try:
-        _build.find_cuda_home()
-        _build.find_cutlass()
-    except _build.BuildError:
-        return False
-    return shutil.which("c++") is not None
+    return cuda_toolchain_available() and shutil.which("c++") is not None
 
 
 # Run in the built library's process (CUTLASS_EXT_CPU_AUTOGRAD=1): the C++ autograd nodes of softmax,

@@ -3,10 +3,9 @@
     python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|layer_norm_forward|streaming|fewrows|column_sums]
                                   [--variants a,...] [--out DIR]
 
-writes (to --out, by default bench/kernels/build) bench/kernels/build/gemm_variants (one translation unit per GEMM variant, compiled in
-parallel), bench/kernels/build/layer_norm_rows, bench/kernels/build/layer_norm_forward,
-bench/kernels/build/streaming_add, bench/kernels/build/fewrows_shapes and
-bench/kernels/build/column_sums, for sm_90a.
+writes gemm_variants (one translation unit per GEMM variant, compiled in parallel),
+layer_norm_rows, layer_norm_forward, streaming_add, fewrows_shapes and column_sums, for sm_90a,
+to --out (default bench/kernels/build).
 CUTLASS and nvcc are found the way the package's own build finds them (CUTLASS_PATH, the
 nvidia-cutlass wheel; CUDA_HOME, PATH).
 """

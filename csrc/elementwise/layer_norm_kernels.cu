@@ -579,6 +579,7 @@ __device__ __forceinline__ void for_pieces_batched(const T* src, int first, int 
     }
   }
 }
+
 template <class T, int kThreads, bool kRelu, bool kDropout, bool kCluster, bool kSpill = false>
 __device__ __forceinline__ void layer_norm_fwd_shared_row(LayerNormParams const& p, int slice, int held = 0) {
   static_assert(kCluster || !kSpill, "a slice spills only in a cluster");
