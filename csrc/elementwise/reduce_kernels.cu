@@ -37,6 +37,14 @@ __device__ __forceinline__ int row_head(const T* in, int64_t reduce) {
   return reduce < head ? int(reduce) : head;
 }
 
+// How the one-row group kernel reads a lane's vectors after its kDepth batches: 16-bit rows load
+// their count modulo four together first, then batches of four (bf16 1024x1020 1.32x, 1024x1000
+// 1.10x, 65536x512 1.05x on an H200). fp32 keeps an unrolled loop, which issues its last one to
+// three loads one after another's add: in the batched form it held more registers and ran up to
+// 1.18x slower (65536x130); the deep kernel's rest gained nothing (bench/NOTES.md section 66).
+template <class T, int kDepth>
+constexpr bool kBatchRest = sizeof(T) == 2 && kDepth == 1;
+
 // Short rows: kGroup adjacent lanes per row, kThreads / kGroup rows per block, grid-stride over
 // rows in whole warps (so every lane of a warp reaches the shuffles). A lane group sums kRows rows
 // together, their loads in flight at once; the warp's rows of one batch are kRowsPerWarp apart, so
@@ -85,8 +93,31 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
             for (int u = 0; u < kDepth; ++u) acc[0] += pack_sum<T, kVec>(x[u]);
           }
         }
+        if constexpr (kBatchRest<T, kDepth>) {
+          // This lane's vectors modulo four first, loaded together (predicated), then unguarded
+          // batches of four: no load waits for another's add.
+          constexpr int kBatch = 4;
+          const int64_t mine = v < vectors ? (vectors - v + kGroup - 1) / kGroup : 0;
+          const int first = int(mine % kBatch);
+          Pack<T, kVec> x[kBatch];
+#pragma unroll
+          for (int u = 0; u < kBatch - 1; ++u) {
+            if (u < first) x[u] = load_pack_once<T, kVec>(in + (v + u * kGroup) * kVec);
+          }
+#pragma unroll
+          for (int u = 0; u < kBatch - 1; ++u) {
+            if (u < first) acc[0] += pack_sum<T, kVec>(x[u]);
+          }
+          for (v += first * kGroup; v < vectors; v += kBatch * kGroup) {
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) x[u] = load_pack_once<T, kVec>(in + (v + u * kGroup) * kVec);
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) acc[0] += pack_sum<T, kVec>(x[u]);
+          }
+        } else {
 #pragma unroll 4
-        for (; v < vectors; v += kGroup) acc[0] += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
+          for (; v < vectors; v += kGroup) acc[0] += pack_sum<T, kVec>(load_pack_once<T, kVec>(in + v * kVec));
+        }
         for (int64_t e = vectors * kVec + lane; e < reduce; e += kGroup) acc[0] += float(in[e]);
 #pragma unroll
         for (int h = 0; h < kHeadLoads; ++h) acc[0] += float(head_x[h]);
@@ -124,11 +155,12 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
 }
 
 // Rows a lane group at a time under a minimum of 2048 threads an SM (at most 32 registers: ptxas
-// gave fp32 34 otherwise, which leaves room for 1536); the row batches hold more registers for
-// their four loads in flight and keep no minimum.
+// gave fp32 34 otherwise, which leaves room for 1536); the row batches and the 16-bit batched rest
+// hold more registers for their four loads in flight (the latter spilled at 32) and keep no minimum.
 constexpr int kFullSmThreads = 2048;
 template <class T, int kVec, int kGroup, int kRows, bool kPeel>
-__global__ void __launch_bounds__(kThreads, kRows == 1 && !kPeel ? kFullSmThreads / kThreads : 0)
+__global__ void __launch_bounds__(kThreads,
+                                  kRows == 1 && !kPeel && !kBatchRest<T, 1> ? kFullSmThreads / kThreads : 0)
     sum_rows_group_kernel(SumParams p) {
   sum_rows_group<T, kVec, kGroup, kRows, 1, kPeel>(p);
 }

@@ -283,6 +283,12 @@ SUM_CASES = {
     # a warp a row with eight loads a lane (16-bit) or a block a row (fp32); split rows of one
     # offset view, a shared head
     "peeled_rows_3001": (lambda d, t: rand(300, 3001, device=d, dtype=t), -1),
+    # lanes whose vector counts are not a multiple of four, loaded together first (16-bit 1020
+    # columns, odd pitch: 127 vectors after the head, lanes of 3 and 4; 600 columns: 75, lanes of 2
+    # and 3; 36 columns: 4 vectors and a tail, a lane each)
+    "group_rest_1020": (lambda d, t: rand(200, 1020, device=d, dtype=t), -1),
+    "group_rest_600": (lambda d, t: rand(200, 600, device=d, dtype=t), -1),
+    "group_rest_36": (lambda d, t: rand(3000, 36, device=d, dtype=t), -1),
     "peeled_split_rows": (lambda d, t: rand(20, 100001, device=d, dtype=t)[:, 1:], -1),
     "col_7": (lambda d, t: rand(300, 7, device=d, dtype=t), 0),
     "col_4097": (lambda d, t: rand(33, 4097, device=d, dtype=t), 0),
