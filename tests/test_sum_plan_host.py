@@ -1,5 +1,5 @@
 """How cutlass_ext.sum launches (csrc/common/sum_plan.h), built with the host C++ compiler: the
-choices measured on an H200 (bench/NOTES.md sections 47, 63 and 64) and the rule's bounds on a
+choices measured on an H200 (bench/NOTES.md sections 47, 63, 64 and 66) and the rule's bounds on a
 sweep of shapes, without a GPU."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def driver(tmp_path_factory):
 
 def full_plans(driver, cases):
     """(outer, reduce, inner, vec, sm_count, l2_bytes) -> (splits, col_threads, row_threads, row_batch,
-    block_once)."""
+    block_once, lane_rest)."""
     text = "".join(" ".join(map(str, c)) + "\n" for c in cases)
     out = subprocess.run([str(driver)], input=text, capture_output=True, text=True, check=True).stdout.split()
-    assert len(out) == 5 * len(cases)
-    return [tuple(int(v) for v in out[i:i + 5]) for i in range(0, len(out), 5)]
+    assert len(out) == 6 * len(cases)
+    return [tuple(int(v) for v in out[i:i + 6]) for i in range(0, len(out), 6)]
 
 
 def plans(driver, cases):
@@ -97,16 +97,46 @@ def test_block_loads_by_size(driver, case, expected):
     assert full_plans(driver, [smaller])[0][4] == 0
 
 
+# How a one-row lane group reads its last vectors (section 66): 0 one after another's add, 1 the
+# lane's count modulo four together then fours (16-bit, three or more vectors a lane), 2 the deep
+# kernel's rest together (three or more left to some lane after its batches of eight).
+SERIAL, MOD_FOUR, BATCH = 0, 1, 2
+LANE_REST = [
+    (rows(1024, 1020), MOD_FOUR),        # 128 vectors, 4 a lane: 1.21x
+    (rows(2048, 2000), MOD_FOUR),        # 250 vectors, 7-8 a lane: 1.15x
+    (rows(1024, 1000), MOD_FOUR),        # 125 vectors, 3-4 a lane: 1.20x
+    (rows(65536, 512), SERIAL),          # 2 a lane: the batched form 1.14x slower
+    (rows(65536, 130), SERIAL),          # 1 a lane
+    (rows(65536, 200), SERIAL),          # 25 vectors, 1 a lane
+    (rows(1024, 1020, vec=4), SERIAL),   # fp32 keeps its loop
+    (rows(16384, 1500, vec=4), BATCH),   # 375 vectors: 11-12 a lane, a rest of 3-4: 1.18x
+    (rows(512, 2000, vec=4), BATCH),     # 500 vectors: a rest of 7: 1.13x
+    (rows(1024, 4000), BATCH),           # 500 vectors: 1.12x
+    (rows(8192, 2500), SERIAL),          # 312 vectors: a rest of 1-2, the batch 1.06x slower
+    (rows(32768, 4096), SERIAL),         # 512 vectors: no rest
+    (rows(65536, 1024, vec=4), SERIAL),  # 256 vectors: no rest
+    (rows(4096, 20000), SERIAL),         # a block a row
+    (columns(4096, 128), SERIAL),        # not a row sum
+]
+
+
+@pytest.mark.parametrize("case, expected", LANE_REST)
+def test_lane_rest(driver, case, expected):
+    assert full_plans(driver, [case])[0][5] == expected
+
+
 def test_bounds_on_a_sweep(driver):
     cases = [(o, r, i, vec, sms, L2) for o in (1, 3, 100, 131, 528, 4096, 65536) for r in (1, 7, 128, 4097, 262144)
              for i in (1, 5, 128, 4096) for vec in (4, 8) for sms in (1, 132)]
-    for case, (splits, col_threads, row_threads, row_batch, once) in zip(cases, full_plans(driver, cases)):
+    for case, (splits, col_threads, row_threads, row_batch, once, rest) in zip(cases, full_plans(driver, cases)):
         o, r, i, vec, sms, _ = case
         assert 1 <= splits <= 65535, case
         assert col_threads in (1, 2, 4, 8, 16, 32), case
         assert row_threads in (256, 512, 1024), case
         assert row_batch in (1, 4), case
         assert once == int(i == 1 and o * r * (16 // vec) <= 4 * L2), case
+        assert rest in (0, 1, 2) and (rest != 1 or vec == 8), case
+        assert rest == 0 or (i == 1 and row_batch == 1), case
         if i == 1:
             # batches only for rows of one vector a lane; larger blocks only for unsplit rows
             assert row_batch == 1 or -(-r // vec) <= 32, case

@@ -26,6 +26,18 @@ constexpr int group_lanes(int64_t vectors) { return vectors <= 4 ? 4 : vectors <
 // 262144x64, fp32 65536x128 and fp16 131072x256; no gain where the lanes already have several
 // vectors a row (bench/NOTES.md section 64).
 constexpr int kRowBatch = 4;
+// Rows of 256 to 512 vectors: a warp a row, each lane loading this many of its vectors together.
+constexpr int kDeepLoads = 8;
+// How a one-row lane group reads a lane's vectors after its batches of kDeepLoads (LaneRest, as
+// SumPlan::lane_rest): one after another's add in an unrolled loop (serial); for 16-bit rows whose
+// lanes hold three or more vectors, the count modulo four loaded together first, then batches of
+// four (mod_four); a warp's rest of three or more (of the deep kernel, fewer than kDeepLoads a
+// lane) loaded together, predicated (batch). The loaded-together forms hold more registers: at one
+// or two vectors a lane (bf16 65536x100, 65536x512) their lower occupancy cost 1.07-1.14x, and so
+// did a rest of one or two in the deep kernel (bf16 8192x2500 1.06x). Measured on an H200:
+// bf16 1024x1020 and 512x2000 1.21-1.22x, 2048x2000 1.15x, 1024x1024 1.08x; deep rests fp32
+// 16384x1500 1.18x, 512x2000 1.13x, bf16 1024x4000 1.12x (bench/NOTES.md section 66).
+constexpr int kMinRestTogether = 3;
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
@@ -46,12 +58,21 @@ inline int column_threads(int64_t vectors, int max_threads) {
   return int(std::min<int64_t>(max_threads, pow2_at_least(vectors)));
 }
 
+enum class LaneRest : int { kSerial = 0, kModFour = 1, kBatch = 2 };
+
+// The most vectors a lane of a warp holds past its batches of `depth` where a row's `vectors`
+// are dealt to 32 lanes.
+inline int64_t max_lane_rest(int64_t vectors, int depth) {
+  return std::max((vectors / 32) % depth, ceil_div(vectors, 32) % depth);
+}
+
 struct SumPlan {
   int splits = 1;       // blocks sharing one reduction (1: no workspace, no second stage)
   int col_threads = sum_rules::kMaxColumnThreads;  // threads across a column chunk (inner > 1)
   int row_threads = sum_rules::kThreads;           // the long-row kernel's block (inner == 1)
   int row_batch = 1;    // short rows a lane group sums together (inner == 1)
   bool block_once = false;  // the long-row block kernel's loads evict-first (inner == 1)
+  LaneRest lane_rest = LaneRest::kSerial;  // one-row lane groups (inner == 1)
 };
 
 // `vec`: elements in 16 bytes (4 for fp32, 8 for 16-bit types). The splits fill `sm_count`
@@ -75,6 +96,15 @@ inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int 
       splits = std::min(ceil_div(target, outer), vectors / kMinChunkVectors);
     }
     plan.block_once = outer * reduce * (16 / vec) <= kOnceL2Multiple * l2_bytes;
+    // One row a lane group (rows of up to kMaxGroupVectors; longer ones take a block a row).
+    const int lanes = group_lanes(row_vectors);
+    const bool deep = lanes == 32 && vectors >= kDeepLoads * 32;
+    if (row_vectors <= kMaxGroupVectors && deep && max_lane_rest(vectors, kDeepLoads) >= kMinRestTogether) {
+      plan.lane_rest = LaneRest::kBatch;
+    } else if (row_vectors <= kMaxGroupVectors && !deep && vec == 8 &&
+               ceil_div(row_vectors, lanes) >= kMinRestTogether) {
+      plan.lane_rest = LaneRest::kModFour;
+    }
   } else {
     // Wide chunks (32 threads of 16 bytes) where they alone fill the GPU. Otherwise narrow ones
     // (8 threads: 128 bytes of a row), whose blocks split the rows: more column blocks leave fewer

@@ -37,20 +37,17 @@ __device__ __forceinline__ int row_head(const T* in, int64_t reduce) {
   return reduce < head ? int(reduce) : head;
 }
 
-// How the one-row group kernel reads a lane's vectors after its kDepth batches: 16-bit rows load
-// their count modulo four together first, then batches of four (bf16 1024x1020 1.32x, 1024x1000
-// 1.10x, 65536x512 1.05x on an H200). fp32 keeps an unrolled loop, which issues its last one to
-// three loads one after another's add: in the batched form it held more registers and ran up to
-// 1.18x slower (65536x130); the deep kernel's rest gained nothing (bench/NOTES.md section 66).
-template <class T, int kDepth>
-constexpr bool kBatchRest = sizeof(T) == 2 && kDepth == 1;
+// How a one-row lane group reads its vectors after the kDepth batches (sum_rules::kMinRestTogether).
+constexpr int kRestSerial = int(LaneRest::kSerial);    // an unrolled loop: one load after another's add
+constexpr int kRestModFour = int(LaneRest::kModFour);  // the lane's count modulo four together, then fours
+constexpr int kRestBatch = int(LaneRest::kBatch);      // fewer than kDepth left: together, predicated
 
 // Short rows: kGroup adjacent lanes per row, kThreads / kGroup rows per block, grid-stride over
 // rows in whole warps (so every lane of a warp reaches the shuffles). A lane group sums kRows rows
 // together, their loads in flight at once; the warp's rows of one batch are kRowsPerWarp apart, so
 // that each load instruction of the warp reads adjacent rows. With kRows == 1, each lane loads
-// kDepth (> 1) of its row's vectors together, the rest four at a time.
-template <class T, int kVec, int kGroup, int kRows, int kDepth, bool kPeel = false>
+// kDepth (> 1) of its row's vectors together, then the rest as kRest says (SumPlan::lane_rest).
+template <class T, int kVec, int kGroup, int kRows, int kDepth, bool kPeel, int kRest>
 __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
   static_assert(!kPeel || kRows == 1, "rows of different heads are not batched");
   constexpr int kRowsPerWarp = 32 / kGroup;
@@ -93,7 +90,18 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
             for (int u = 0; u < kDepth; ++u) acc[0] += pack_sum<T, kVec>(x[u]);
           }
         }
-        if constexpr (kBatchRest<T, kDepth>) {
+        if constexpr (kRest == kRestBatch) {
+          static_assert(kDepth > 1, "fewer than kDepth left a lane");
+          Pack<T, kVec> x[kDepth - 1];
+#pragma unroll
+          for (int u = 0; u < kDepth - 1; ++u) {
+            if (v + u * kGroup < vectors) x[u] = load_pack_once<T, kVec>(in + (v + u * kGroup) * kVec);
+          }
+#pragma unroll
+          for (int u = 0; u < kDepth - 1; ++u) {
+            if (v + u * kGroup < vectors) acc[0] += pack_sum<T, kVec>(x[u]);
+          }
+        } else if constexpr (kRest == kRestModFour) {
           // This lane's vectors modulo four first, loaded together (predicated), then unguarded
           // batches of four: no load waits for another's add.
           constexpr int kBatch = 4;
@@ -155,14 +163,14 @@ __device__ __forceinline__ void sum_rows_group(SumParams const& p) {
 }
 
 // Rows a lane group at a time under a minimum of 2048 threads an SM (at most 32 registers: ptxas
-// gave fp32 34 otherwise, which leaves room for 1536); the row batches and the 16-bit batched rest
-// hold more registers for their four loads in flight (the latter spilled at 32) and keep no minimum.
+// gave fp32 34 otherwise, which leaves room for 1536); the row batches and the four-at-a-time rest
+// hold more registers for their loads in flight (the latter spilled at 32) and keep no minimum.
 constexpr int kFullSmThreads = 2048;
-template <class T, int kVec, int kGroup, int kRows, bool kPeel>
+template <class T, int kVec, int kGroup, int kRows, bool kPeel, int kRest>
 __global__ void __launch_bounds__(kThreads,
-                                  kRows == 1 && !kPeel && !kBatchRest<T, 1> ? kFullSmThreads / kThreads : 0)
+                                  kRows == 1 && !kPeel && kRest == kRestSerial ? kFullSmThreads / kThreads : 0)
     sum_rows_group_kernel(SumParams p) {
-  sum_rows_group<T, kVec, kGroup, kRows, 1, kPeel>(p);
+  sum_rows_group<T, kVec, kGroup, kRows, 1, kPeel, kRest>(p);
 }
 
 // Rows of 256 to 512 vectors (8 to 16 a lane): eight loads a lane issued together. Under
@@ -170,10 +178,11 @@ __global__ void __launch_bounds__(kThreads,
 // with the adds (SASS: at most four in flight); a minimum of one block an SM lets it issue all
 // eight first (94 registers for fp32). 1.02-1.08x on an H200 (fp32 1024x2048 1.08x, 65536x1024
 // 1.05x, 65536x2048 1.02x; bf16 32768x4096 and 65536x2048 1.02x; bench/NOTES.md section 64).
-constexpr int kDeepLoads = 8;
-template <class T, int kVec, bool kPeel>
+// A rest of three or more vectors left to some lane loads together too (kRestBatch; 88 -> 116
+// registers for fp32, 59 -> 87 for bf16).
+template <class T, int kVec, bool kPeel, int kRest>
 __global__ void __launch_bounds__(kThreads, 1) sum_rows_deep_kernel(SumParams p) {
-  sum_rows_group<T, kVec, 32, 1, kDeepLoads, kPeel>(p);
+  sum_rows_group<T, kVec, 32, 1, kDeepLoads, kPeel, kRest>(p);
 }
 
 template <class T, int kVec, bool kOnce>
@@ -252,21 +261,30 @@ __global__ void __launch_bounds__(kBlock, sizeof(T) == 2 ? kFullSmThreads / kBlo
 template <class T, int kVec, int kGroup, bool kPeel>
 void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   // Enough warps to fill the GPU many times over; the grid-stride loop covers the rest. Unaligned
-  // rows (kPeel), summed one row a lane group, keep the grid of the plan's row batches (a quarter
-  // of the blocks where it batches), as measured in bench/NOTES.md section 65.
+  // rows (kPeel) are summed one row a lane group: a block for each of their lane groups' rows, not
+  // a quarter of those where aligned rows of the same shape take four rows a group (bf16 65536x20
+  // 1.13x, 65536x100 1.07x, fp16 131072x36 1.08x on an H200; bench/NOTES.md section 66).
   constexpr int64_t kMaxBlocks = 65535;
-  const int64_t rows_per_block = int64_t(kThreads / kGroup) * p.plan.row_batch;
+  const bool batched = !kPeel && p.plan.row_batch == kRowBatch;
+  const int64_t rows_per_block = int64_t(kThreads / kGroup) * (batched ? kRowBatch : 1);
   const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
   if constexpr (kGroup == 32 && kVec > 1) {
     if (p.reduce / kVec >= kDeepLoads * 32) {
-      return void(sum_rows_deep_kernel<T, kVec, kPeel><<<blocks, kThreads, 0, stream>>>(p));
+      if (p.plan.lane_rest == LaneRest::kBatch) {
+        return void(sum_rows_deep_kernel<T, kVec, kPeel, kRestBatch><<<blocks, kThreads, 0, stream>>>(p));
+      }
+      return void(sum_rows_deep_kernel<T, kVec, kPeel, kRestSerial><<<blocks, kThreads, 0, stream>>>(p));
     }
   }
-  if (!kPeel && p.plan.row_batch == kRowBatch) {
-    sum_rows_group_kernel<T, kVec, kGroup, kRowBatch, false><<<blocks, kThreads, 0, stream>>>(p);
-  } else {
-    sum_rows_group_kernel<T, kVec, kGroup, 1, kPeel><<<blocks, kThreads, 0, stream>>>(p);
+  if (batched) {
+    return void(sum_rows_group_kernel<T, kVec, kGroup, kRowBatch, false, kRestSerial><<<blocks, kThreads, 0, stream>>>(p));
   }
+  if constexpr (sizeof(T) == 2) {
+    if (p.plan.lane_rest == LaneRest::kModFour) {
+      return void(sum_rows_group_kernel<T, kVec, kGroup, 1, kPeel, kRestModFour><<<blocks, kThreads, 0, stream>>>(p));
+    }
+  }
+  sum_rows_group_kernel<T, kVec, kGroup, 1, kPeel, kRestSerial><<<blocks, kThreads, 0, stream>>>(p);
 }
 
 template <class T, int kVec, bool kPeel>

@@ -1,6 +1,6 @@
 // Runs plan_sum_shape (csrc/common/sum_plan.h) on lines
 // "<outer> <reduce> <inner> <vec> <sm_count> <l2_bytes>" read from stdin and prints
-// "<splits> <col_threads> <row_threads> <row_batch> <block_once>" for each
+// "<splits> <col_threads> <row_threads> <row_batch> <block_once> <lane_rest>" for each
 // (tests/test_sum_plan_host.py).
 #include <cstdint>
 #include <iostream>
@@ -13,7 +13,8 @@ int main() {
   int vec, sm_count;
   while (std::cin >> outer >> reduce >> inner >> vec >> sm_count >> l2_bytes) {
     const cutlass_ext::SumPlan p = cutlass_ext::plan_sum_shape(outer, reduce, inner, vec, sm_count, l2_bytes);
-    std::cout << p.splits << " " << p.col_threads << " " << p.row_threads << " " << p.row_batch << " " << int(p.block_once) << "\n";
+    std::cout << p.splits << " " << p.col_threads << " " << p.row_threads << " " << p.row_batch << " " << int(p.block_once) << " "
+              << int(p.lane_rest) << "\n";
   }
   return 0;
 }
