@@ -401,8 +401,9 @@ struct SumFn {
     if (p.inner == 1) {
       // Rows off 16-byte boundaries read their heads an element at a time, then 16-byte vectors:
       // 1.04-2.86x over reading them an element at a time on an H200 (bf16 65536x500 2.86x,
-      // 16384x3500 1.57x, 512x262140 1.25x; fp32 16384x1001 1.21x), but bf16 1024x1020 0.78x and
-      // fp32 65536x130 0.94x (bench/NOTES.md section 65).
+      // 16384x3500 1.57x, 512x262140 1.25x; fp32 16384x1001 1.21x; bench/NOTES.md section 65).
+      // Its slower short rows then (bf16 1024x1020 0.78x, fp32 65536x130 0.94x) were made up by the
+      // lane-rest rule and the tail loaded ahead (section 66).
       if (aligned) return launch_rows<T, kVec, false>(p, stream);
       return launch_rows<T, kVec, true>(p, stream);
     }
