@@ -191,8 +191,8 @@ __global__ void __launch_bounds__(kThreads,
 // with the adds (SASS: at most four in flight); a minimum of one block an SM lets it issue all
 // eight first (94 registers for fp32). 1.02-1.08x on an H200 (fp32 1024x2048 1.08x, 65536x1024
 // 1.05x, 65536x2048 1.02x; bf16 32768x4096 and 65536x2048 1.02x; bench/NOTES.md section 64).
-// A rest of three or more vectors left to some lane loads together too (kRestBatch; 88 -> 116
-// registers for fp32, 59 -> 87 for bf16).
+// A rest of three or more vectors left to some lane loads together too (kRestBatch; 80 -> 111
+// registers for fp32, 51 -> 82 for bf16, aligned rows).
 template <class T, int kVec, bool kPeel, int kRest>
 __global__ void __launch_bounds__(kThreads, 1) sum_rows_deep_kernel(SumParams p) {
   sum_rows_group<T, kVec, 32, 1, kDeepLoads, kPeel, kRest>(p);
