@@ -28,6 +28,9 @@ constexpr int group_lanes(int64_t vectors) { return vectors <= 4 ? 4 : vectors <
 constexpr int kRowBatch = 4;
 // Rows of 256 to 512 vectors: a warp a row, each lane loading this many of its vectors together.
 constexpr int kDeepLoads = 8;
+// Whether a row of `vectors` whole 16-byte vectors takes those deep loads (rows of up to
+// kMaxGroupVectors; the plan's lane_rest and the launch decide by it alike).
+constexpr bool deep_rows(int64_t vectors) { return vectors >= kDeepLoads * 32; }
 // How a one-row lane group reads a lane's vectors after its batches of kDeepLoads (LaneRest, as
 // SumPlan::lane_rest): one after another's add in an unrolled loop (serial); for 16-bit rows whose
 // lanes hold three or more vectors, the count modulo four loaded together first, then batches of
@@ -98,7 +101,7 @@ inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int 
     plan.block_once = outer * reduce * (16 / vec) <= kOnceL2Multiple * l2_bytes;
     // One row a lane group (rows of up to kMaxGroupVectors; longer ones take a block a row).
     const int lanes = group_lanes(row_vectors);
-    const bool deep = lanes == 32 && vectors >= kDeepLoads * 32;
+    const bool deep = deep_rows(vectors);  // 256 vectors or more: 32 lanes
     if (row_vectors <= kMaxGroupVectors && deep && max_lane_rest(vectors, kDeepLoads) >= kMinRestTogether) {
       plan.lane_rest = LaneRest::kBatch;
     } else if (row_vectors <= kMaxGroupVectors && !deep && vec == 8 &&

@@ -282,7 +282,7 @@ void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   const int64_t rows_per_block = int64_t(kThreads / kGroup) * (batched ? kRowBatch : 1);
   const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
   if constexpr (kGroup == 32 && kVec > 1) {
-    if (p.reduce / kVec >= kDeepLoads * 32) {
+    if (deep_rows(p.reduce / kVec)) {
       if (p.plan.lane_rest == LaneRest::kBatch) {
         return void(sum_rows_deep_kernel<T, kVec, kPeel, kRestBatch><<<blocks, kThreads, 0, stream>>>(p));
       }
