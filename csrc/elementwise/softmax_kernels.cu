@@ -137,7 +137,7 @@ __device__ __forceinline__ void load_row_packs(const T* src, int lane, int lanes
 // 16-bit forward 2-7% faster and the float32 one 5% slower).
 constexpr float kBase2MaxShift = 1073741824.f;  // 2^30
 
-template <class T, int kVec, int kPacks, class Reduce>
+template <class T, int kVec, int kPacks, class Reduce, bool kAhead = false>
 __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int lane, int lanes, int64_t cols,
                                                          float scale, Reduce const& reduce) {
   float v[kPacks][kVec];
@@ -146,11 +146,18 @@ __device__ __forceinline__ void softmax_row_in_registers(const T* x, T* y, int l
   if constexpr (sizeof(T) == 2) {
     const float scale2 = scale * kLog2e;
     float m = -INFINITY;
+    Pack<T, kVec> ahead[kAhead ? kPacks : 1];
+    if constexpr (kAhead) load_row_packs<T, kVec, kPacks>(x, lane, lanes, cols, ahead);
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t col = (int64_t(k) * lanes + lane) * kVec;
       if (col < cols) {
-        load_vec<T, kVec>(x + col, v[k]);
+        if constexpr (kAhead) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) v[k][i] = float(ahead[k].v[i]);
+        } else {
+          load_vec<T, kVec>(x + col, v[k]);
+        }
 #pragma unroll
         for (int i = 0; i < kVec; ++i) m = fmaxf(m, __fmul_rd(v[k][i], scale2));
       }
@@ -273,16 +280,17 @@ __device__ __forceinline__ void softmax_backward_row_in_registers(const T* dy, c
   }
 }
 
-// Short rows: kLanes lanes per row (kLanes a power of two <= 32), kPacks packs per lane.
-template <class T, int kVec, int kLanes, int kPacks>
+// Short rows: kLanes lanes per row (kLanes a power of two <= 32), kPacks packs per lane. kAhead
+// (16-bit rows): a lane's packs are all loaded before the row's maximum (ForwardOp::warp_kernel).
+template <class T, int kVec, int kLanes, int kPacks, bool kAhead = false>
 __global__ void __launch_bounds__(kWarpBlockThreads) softmax_warp_kernel(SoftmaxParams p) {
   constexpr int kRowsPerBlock = kWarpBlockThreads / kLanes;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
   const bool active = row < p.rows;
   const int64_t r = active ? row : 0;
-  softmax_row_in_registers<T, kVec, kPacks>(static_cast<const T*>(p.x) + r * p.x_ld, static_cast<T*>(p.y) + r * p.y_ld,
-                                            int(threadIdx.x % kLanes), kLanes, active ? p.cols : 0, p.scale,
-                                            LaneGroupReduce<kLanes>{});
+  softmax_row_in_registers<T, kVec, kPacks, LaneGroupReduce<kLanes>, kAhead>(
+      static_cast<const T*>(p.x) + r * p.x_ld, static_cast<T*>(p.y) + r * p.y_ld, int(threadIdx.x % kLanes), kLanes,
+      active ? p.cols : 0, p.scale, LaneGroupReduce<kLanes>{});
 }
 
 template <class T, int kVec, int kLanes, int kPacks>
@@ -668,8 +676,14 @@ struct ForwardOp {
   // Short rows longer than this take a block per row with two packs a thread (launch_paths):
   // 16-bit rows of 16-byte packs only.
   static constexpr int64_t kBlockRowsAbove = (sizeof(T) == 2 && kVec > 1) ? 512 : kWarpMaxCols;
+  // 16-bit rows of 16-byte packs load all their packs before the maximum: a lane's loads were
+  // otherwise issued one pack after another's max. 1.00-1.04x on an H200, bitwise equal (bf16
+  // 4096x128 and 4096x512 1.04x, 65536x128 1.04x, 1024x1024 1.04x, 32768x1024 1.00x; bench/NOTES.md
+  // section 67). Float32 rows keep their loads: the loaded-ahead form was 11% slower there (section 17).
   template <int kLanes, int kPacks>
-  static auto warp_kernel() { return softmax_warp_kernel<T, kVec, kLanes, kPacks>; }
+  static auto warp_kernel() {
+    return softmax_warp_kernel<T, kVec, kLanes, kPacks, (sizeof(T) == 2 && kVec > 1)>;
+  }
   template <int kPacks>
   static auto row_kernel() { return softmax_row_kernel<T, kVec, kPacks>; }
   static auto long_kernel() { return softmax_long_kernel<T, kVec>; }
