@@ -21,12 +21,12 @@ def driver(tmp_path_factory):
 
 
 def full_plans(driver, cases):
-    """(outer, reduce, inner, vec, sm_count, l2_bytes) -> (splits, col_threads, row_threads, row_batch,
-    block_once, lane_rest)."""
-    text = "".join(" ".join(map(str, c)) + "\n" for c in cases)
+    """(outer, reduce, inner, vec, sm_count, l2_bytes, row_align) -> (splits, col_threads, row_threads,
+    row_batch, block_once, lane_rest, row_pack)."""
+    text = "".join("plan " + " ".join(map(str, c)) + "\n" for c in cases)
     out = subprocess.run([str(driver)], input=text, capture_output=True, text=True, check=True).stdout.split()
-    assert len(out) == 6 * len(cases)
-    return [tuple(int(v) for v in out[i:i + 6]) for i in range(0, len(out), 6)]
+    assert len(out) == 7 * len(cases)
+    return [tuple(int(v) for v in out[i:i + 7]) for i in range(0, len(out), 7)]
 
 
 def plans(driver, cases):
@@ -34,14 +34,15 @@ def plans(driver, cases):
     return [p[:4] for p in full_plans(driver, cases)]
 
 
-def rows(n, cols, vec=8):
-    """A row sum over the last dim of [n, cols]."""
-    return (n, cols, 1, vec, SMS, L2)
+def rows(n, cols, vec=8, align=None):
+    """A row sum over the last dim of [n, cols] whose base and pitch are aligned to `align` elements
+    (default: 16 bytes)."""
+    return (n, cols, 1, vec, SMS, L2, vec if align is None else align)
 
 
 def columns(n, cols, vec=8):
     """A column sum over the first dim of [n, cols]."""
-    return (1, n, cols, vec, SMS, L2)
+    return (1, n, cols, vec, SMS, L2, vec)
 
 
 # case -> (splits, col_threads, row_threads, row_batch)
@@ -65,7 +66,7 @@ MEASURED = [
     # and wide chunks that fill the GPU alone
     (columns(4096, 128), (16, 8, 256, 1)),
     (columns(32768, 4096), (8, 8, 256, 1)),
-    ((512, 64, 4096, 8, SMS, L2), (1, 32, 256, 1)),
+    ((512, 64, 4096, 8, SMS, L2, 8), (1, 32, 256, 1)),
 ]
 
 
@@ -91,8 +92,8 @@ LOADS = [
 def test_block_loads_by_size(driver, case, expected):
     assert full_plans(driver, [case])[0][4] == expected
     # the same rows on a GPU of twice the L2 (and no L2) move the limit with it
-    bigger = case[:5] + (2 * case[5],)
-    smaller = case[:5] + (0,)
+    bigger = case[:5] + (2 * case[5],) + case[6:]
+    smaller = case[:5] + (0,) + case[6:]
     assert full_plans(driver, [bigger])[0][4] >= expected
     assert full_plans(driver, [smaller])[0][4] == 0
 
@@ -125,11 +126,50 @@ def test_lane_rest(driver, case, expected):
     assert full_plans(driver, [case])[0][5] == expected
 
 
+# Unaligned 16-bit short rows as 8- or 4-byte packs, four rows a lane group (section 67):
+# case -> row_pack (0: a head of single elements, then 16-byte vectors, one row a group)
+ROW_PACK = [
+    (rows(65536, 130, align=2), 2),     # 65 packs, 3 a lane: 1.34x
+    (rows(65536, 100, align=4), 4),     # 25 packs: 1.10x
+    (rows(40003, 100, align=4), 4),     # 1.07x
+    (rows(65536, 20, align=4), 4),      # 1.05x
+    (rows(131072, 36, align=4), 4),     # fp16: 1.06x
+    (rows(65536, 130, align=1), 0),     # an odd base or pitch: no pack wider than an element
+    (rows(4096, 130, align=2), 0),      # too few rows to batch: 0.95x
+    (rows(16384, 250, align=2), 0),     # 125 packs, 4 a lane: 0.93x
+    (rows(65536, 500, align=4), 0),     # 4 a lane, and not batched: 0.92x
+    (rows(65536, 130), 0),              # 16-byte aligned rows read 16-byte vectors
+    (rows(65536, 130, vec=4, align=2), 0),  # fp32 rows keep the head-vectors-tail form
+    (columns(65536, 130), 0),           # not a row sum
+]
+
+
+@pytest.mark.parametrize("case, expected", ROW_PACK)
+def test_row_pack(driver, case, expected):
+    assert full_plans(driver, [case])[0][6] == expected
+
+
+@pytest.mark.parametrize("base, pitch, elem, expected", [
+    (0, 256, 2, 8), (4096, 260, 2, 2), (8, 200, 2, 4), (2, 256, 2, 1), (4096, 520, 4, 2), (16, 36, 4, 1),
+    (0, 0, 2, 8), (6, 12, 2, 1), (32, 48, 2, 8), (12, 48, 4, 1),
+])
+def test_row_alignment(driver, base, pitch, elem, expected):
+    # the elements a pack may hold when both the first row's address and the pitch are multiples
+    out = subprocess.run([str(driver)], input=f"align {base} {pitch} {elem}\n", capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [str(expected)]
+
+
+def group_lanes(vectors):
+    return 4 if vectors <= 4 else 8 if vectors <= 8 else 16 if vectors <= 16 else 32
+
+
 def test_bounds_on_a_sweep(driver):
-    cases = [(o, r, i, vec, sms, L2) for o in (1, 3, 100, 131, 528, 4096, 65536) for r in (1, 7, 128, 4097, 262144)
-             for i in (1, 5, 128, 4096) for vec in (4, 8) for sms in (1, 132)]
-    for case, (splits, col_threads, row_threads, row_batch, once, rest) in zip(cases, full_plans(driver, cases)):
-        o, r, i, vec, sms, _ = case
+    cases = [(o, r, i, vec, sms, L2, align) for o in (1, 3, 100, 131, 528, 4096, 65536)
+             for r in (1, 7, 36, 128, 130, 4097, 262144) for i in (1, 5, 128, 4096) for vec in (4, 8) for sms in (1, 132)
+             for align in (1, 2, 4, vec)]
+    for case, (splits, col_threads, row_threads, row_batch, once, rest, pack) in zip(cases, full_plans(driver, cases)):
+        o, r, i, vec, sms, _, align = case
         assert 1 <= splits <= 65535, case
         assert col_threads in (1, 2, 4, 8, 16, 32), case
         assert row_threads in (256, 512, 1024), case
@@ -137,6 +177,11 @@ def test_bounds_on_a_sweep(driver):
         assert once == int(i == 1 and o * r * (16 // vec) <= 4 * L2), case
         assert rest in (0, 1, 2) and (rest != 1 or vec == 8), case
         assert rest == 0 or (i == 1 and row_batch == 1), case
+        # packs only for unaligned 16-bit rows, as wide as the rows allow, where rows are batched
+        assert pack in (0, 2, 4), case
+        assert pack == 0 or (i == 1 and vec == 8 and pack <= align < 8 and row_batch == 4), case
+        packs = -(-r // pack) if pack else 0
+        assert pack == 0 or -(-packs // group_lanes(packs)) <= 3, case
         if i == 1:
             # batches only for rows of one vector a lane; larger blocks only for unsplit rows
             assert row_batch == 1 or -(-r // vec) <= 32, case

@@ -41,6 +41,15 @@ constexpr bool deep_rows(int64_t vectors) { return vectors >= kDeepLoads * 32; }
 // bf16 1024x1020 and 512x2000 1.21-1.22x, 2048x2000 1.15x, 1024x1024 1.08x; deep rests fp32
 // 16384x1500 1.18x, 512x2000 1.13x, bf16 1024x4000 1.12x (bench/NOTES.md section 66).
 constexpr int kMinRestTogether = 3;
+// Unaligned 16-bit short rows (base or pitch off 16 bytes) whose base and pitch are 8- or 4-byte
+// aligned are read as packs of that width (4 or 2 elements), four rows a lane group as aligned rows
+// are (kRowBatch), where the plan batches their rows and a lane holds at most this many packs.
+// Otherwise they read a head of single elements, 16-byte vectors, and a tail, one row a group.
+// Measured on an H200 against the head-vectors-tail form: bf16 65536x130 (4-byte packs, 3 a lane)
+// 1.34x, 65536x100 1.10x, 40003x100 1.07x, 65536x20 1.05x, fp16 131072x36 1.06x; slower where the
+// rows are not batched (bf16 4096x130 0.95x) or a lane holds 4 packs (16384x250 0.93x, 65536x500
+// 0.92x) (bench/NOTES.md section 67).
+constexpr int kMaxPacksPerLane = 3;
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
@@ -76,12 +85,23 @@ struct SumPlan {
   int row_batch = 1;    // short rows a lane group sums together (inner == 1)
   bool block_once = false;  // the long-row block kernel's loads evict-first (inner == 1)
   LaneRest lane_rest = LaneRest::kSerial;  // one-row lane groups (inner == 1)
+  int row_pack = 0;     // unaligned 16-bit short rows: elements a load (4 or 2; 0: a head, then 16 bytes)
 };
 
+// The elements of a pack that a row's base and pitch are both aligned to: `base_bytes` and
+// `pitch_bytes` (address of the first row, bytes between rows) in `elem_bytes` elements, at most
+// 16 bytes' worth.
+inline int row_alignment(uint64_t base_bytes, int64_t pitch_bytes, int elem_bytes) {
+  int align = 16;
+  while (align > elem_bytes && (base_bytes % align != 0 || pitch_bytes % align != 0)) align /= 2;
+  return align / elem_bytes;
+}
+
 // `vec`: elements in 16 bytes (4 for fp32, 8 for 16-bit types). The splits fill `sm_count`
-// multiprocessors at the grid target; `l2_bytes` is the device's L2 cache size.
+// multiprocessors at the grid target; `l2_bytes` is the device's L2 cache size. `row_align`: the
+// elements (row_alignment, at most vec) that the rows' base and pitch are aligned to, for inner == 1.
 inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int vec, int sm_count,
-                              int64_t l2_bytes) {
+                              int64_t l2_bytes, int row_align) {
   using namespace sum_rules;
   SumPlan plan;
   const int64_t target = int64_t(kBlocksPerSm) * std::max(sm_count, 1);
@@ -107,6 +127,11 @@ inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int 
     } else if (row_vectors <= kMaxGroupVectors && !deep && vec == 8 &&
                ceil_div(row_vectors, lanes) >= kMinRestTogether) {
       plan.lane_rest = LaneRest::kModFour;
+    }
+    if (vec == 8 && row_align >= 2 && row_align < vec && plan.row_batch == kRowBatch) {
+      const int pack = row_align >= 4 ? 4 : 2;
+      const int64_t packs = ceil_div(reduce, pack);
+      if (ceil_div(packs, group_lanes(packs)) <= kMaxPacksPerLane) plan.row_pack = pack;
     }
   } else {
     // Wide chunks (32 threads of 16 bytes) where they alone fill the GPU. Otherwise narrow ones

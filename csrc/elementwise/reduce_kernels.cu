@@ -281,7 +281,7 @@ void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   const bool batched = !kPeel && p.plan.row_batch == kRowBatch;
   const int64_t rows_per_block = int64_t(kThreads / kGroup) * (batched ? kRowBatch : 1);
   const unsigned blocks = unsigned(std::max<int64_t>(1, std::min(ceil_div(p.outer, rows_per_block), kMaxBlocks)));
-  if constexpr (kGroup == 32 && kVec > 1) {
+  if constexpr (kGroup == 32 && kVec == vec_width<T>()) {
     if (deep_rows(p.reduce / kVec)) {
       if (p.plan.lane_rest == LaneRest::kBatch) {
         return void(sum_rows_deep_kernel<T, kVec, kPeel, kRestBatch><<<blocks, kThreads, 0, stream>>>(p));
@@ -292,12 +292,24 @@ void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   if (batched) {
     return void(sum_rows_group_kernel<T, kVec, kGroup, kRowBatch, false, kRestSerial><<<blocks, kThreads, 0, stream>>>(p));
   }
-  if constexpr (sizeof(T) == 2) {
+  if constexpr (sizeof(T) == 2 && kVec == vec_width<T>()) {
     if (p.plan.lane_rest == LaneRest::kModFour) {
       return void(sum_rows_group_kernel<T, kVec, kGroup, 1, kPeel, kRestModFour><<<blocks, kThreads, 0, stream>>>(p));
     }
   }
   sum_rows_group_kernel<T, kVec, kGroup, 1, kPeel, kRestSerial><<<blocks, kThreads, 0, stream>>>(p);
+}
+
+// Unaligned 16-bit short rows as packs of kPack elements (SumPlan::row_pack): the plan batches
+// their rows, so each lane group sums four rows at once.
+template <class T, int kPack>
+void launch_rows_packed(SumParams const& p, cudaStream_t stream) {
+  switch (group_lanes(ceil_div(p.reduce, kPack))) {
+    case 4: return launch_rows_group<T, kPack, 4, false>(p, stream);
+    case 8: return launch_rows_group<T, kPack, 8, false>(p, stream);
+    case 16: return launch_rows_group<T, kPack, 16, false>(p, stream);
+    default: return launch_rows_group<T, kPack, 32, false>(p, stream);
+  }
 }
 
 template <class T, int kVec, bool kPeel>
@@ -405,6 +417,12 @@ struct SumFn {
       // Its slower short rows then (bf16 1024x1020 0.78x, fp32 65536x130 0.94x) were made up by the
       // lane-rest rule and the tail loaded ahead (section 66).
       if (aligned) return launch_rows<T, kVec, false>(p, stream);
+      if constexpr (sizeof(T) == 2) {
+        // The plan's packs, where the rows still allow them (a plan made for another pointer does not).
+        const int align = row_alignment(reinterpret_cast<uintptr_t>(p.input), p.outer_stride * 2, 2);
+        if (p.plan.row_pack == 4 && align >= 4) return launch_rows_packed<T, 4>(p, stream);
+        if (p.plan.row_pack == 2 && align >= 2) return launch_rows_packed<T, 2>(p, stream);
+      }
       return launch_rows<T, kVec, true>(p, stream);
     }
     if (aligned && p.inner % kVec == 0 && p.reduce_stride % kVec == 0) {
@@ -530,7 +548,9 @@ struct PartialsFn {
 }  // namespace
 
 void plan_sum(SumParams& p, int sm_count, int64_t l2_bytes) {
-  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, p.dtype == DType::kF32 ? 4 : 8, sm_count, l2_bytes);
+  const int elem_bytes = p.dtype == DType::kF32 ? 4 : 2;
+  const int row_align = row_alignment(reinterpret_cast<uintptr_t>(p.input), p.outer_stride * elem_bytes, elem_bytes);
+  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, 16 / elem_bytes, sm_count, l2_bytes, row_align);
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {
