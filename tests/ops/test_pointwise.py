@@ -269,10 +269,14 @@ SUM_CASES = {
     "many_short_rows": (lambda d, t: rand(50000, 12, device=d, dtype=t), 1),
     # one 16-byte vector a lane and enough rows for a block an SM: lane groups sum four rows at
     # once; 40003 rows end in a partial batch. 16-byte rows of 100 columns (104 apart: 4 tail
-    # elements a 16-bit row), and contiguous ones (16-bit rows 200 bytes apart: read an element at
-    # a time, several a lane)
+    # elements a 16-bit row), and contiguous ones (16-bit rows 200 bytes apart: 8-byte packs, four
+    # rows a lane group; fp32 rows 400 bytes apart are 16-byte aligned)
     "batched_short_rows": (lambda d, t: rand(40003, 104, device=d, dtype=t)[:, :100], -1),
     "batched_short_rows_contiguous": (lambda d, t: rand(40003, 100, device=d, dtype=t), -1),
+    # 16-bit rows 260 bytes apart: 4-byte packs, three a lane, four rows a group; and rows of 36
+    # from a base 4 bytes off 16 (4-byte packs; fp32 rows there take the head form)
+    "packed_rows_130": (lambda d, t: rand(8192, 130, device=d, dtype=t), -1),
+    "packed_rows_offset": (lambda d, t: rand(40003 * 36 + 2, device=d, dtype=t)[2:].view(40003, 36), -1),
     # a warp a row up to 512 16-byte vectors, eight loads a lane at once from 256 (fp32 2000
     # columns: 500 vectors, lanes ending on 4 or 3 single loads; 16-bit 2000 columns: 250 vectors;
     # 16-bit 4000 columns: 500 vectors)
