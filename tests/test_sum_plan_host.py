@@ -63,10 +63,17 @@ MEASURED = [
     # long rows, many: a 256-thread block a row
     (rows(32768, 4096, vec=4), (1, 32, 256, 1)),
     # column sums: narrow chunks whose blocks split the rows (section 47's launch-bound 4096x128),
-    # and wide chunks that fill the GPU alone
+    # wide chunks that fill the GPU alone, and wide chunks split to two blocks an SM over rows of
+    # 128 vectors or more (section 67: fp32 8192x3000 1.16x, 32768x4096 1.02x; bf16 4096x3000 1.11x)
     (columns(4096, 128), (16, 8, 256, 1)),
-    (columns(32768, 4096), (8, 8, 256, 1)),
     ((512, 64, 4096, 8, SMS, L2, 8), (1, 32, 256, 1)),
+    (columns(8192, 3000, vec=4), (11, 32, 256, 1)),
+    (columns(32768, 4096, vec=4), (8, 32, 256, 1)),
+    (columns(4096, 3000), (22, 32, 256, 1)),
+    # bf16 rows 3000 bytes apart: 8-byte loads (vec 4), 375 of them a row
+    (columns(16384, 1500, vec=4), (22, 32, 256, 1)),
+    # one element a thread keeps 32-thread chunks, split to the grid target for that chunk count
+    (columns(4096, 100, vec=1), (64, 32, 256, 1)),
 ]
 
 
@@ -149,15 +156,27 @@ def test_row_pack(driver, case, expected):
     assert full_plans(driver, [case])[0][6] == expected
 
 
-@pytest.mark.parametrize("base, pitch, elem, expected", [
-    (0, 256, 2, 8), (4096, 260, 2, 2), (8, 200, 2, 4), (2, 256, 2, 1), (4096, 520, 4, 2), (16, 36, 4, 1),
-    (0, 0, 2, 8), (6, 12, 2, 1), (32, 48, 2, 8), (12, 48, 4, 1),
+def ask(driver, line):
+    return subprocess.run([str(driver)], input=line + "\n", capture_output=True, text=True, check=True).stdout.split()
+
+
+@pytest.mark.parametrize("base, a, b, c, elem, expected", [
+    (0, 256, 0, 0, 2, 8), (4096, 260, 0, 0, 2, 2), (8, 200, 0, 0, 2, 4), (2, 256, 0, 0, 2, 1),
+    (4096, 520, 0, 0, 4, 2), (16, 36, 0, 0, 4, 1), (0, 0, 0, 0, 2, 8), (6, 12, 0, 0, 2, 1), (32, 48, 0, 0, 2, 8),
+    (12, 48, 0, 0, 4, 1),
+    # a column sum: every row's start (pitch b) and the row length c count as well
+    (0, 0, 3000, 3000, 2, 4), (0, 1 << 20, 4096, 4096, 2, 8), (0, 0, 4096, 4098, 2, 1), (0, 0, 6008, 6008, 4, 2),
 ])
-def test_row_alignment(driver, base, pitch, elem, expected):
-    # the elements a pack may hold when both the first row's address and the pitch are multiples
-    out = subprocess.run([str(driver)], input=f"align {base} {pitch} {elem}\n", capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == [str(expected)]
+def test_pack_elements(driver, base, a, b, c, elem, expected):
+    # the elements a pack may hold when the address and every byte count are multiples of its size
+    assert ask(driver, f"pack {base} {a} {b} {c} {elem}") == [str(expected)]
+
+
+@pytest.mark.parametrize("pack, full, expected", [(8, 8, 8), (4, 8, 4), (2, 8, 1), (1, 8, 1), (4, 4, 4), (2, 4, 2),
+                                                  (1, 4, 1)])
+def test_column_vec(driver, pack, full, expected):
+    # 16-byte loads, else 8-byte ones, else one element
+    assert ask(driver, f"colvec {pack} {full}") == [str(expected)]
 
 
 def group_lanes(vectors):

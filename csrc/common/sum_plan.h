@@ -43,17 +43,26 @@ constexpr bool deep_rows(int64_t vectors) { return vectors >= kDeepLoads * 32; }
 constexpr int kMinRestTogether = 3;
 // Unaligned 16-bit short rows (base or pitch off 16 bytes) whose base and pitch are 8- or 4-byte
 // aligned are read as packs of that width (4 or 2 elements), four rows a lane group as aligned rows
-// are (kRowBatch), where the plan batches their rows and a lane holds at most this many packs.
-// Otherwise they read a head of single elements, 16-byte vectors, and a tail, one row a group.
-// Measured on an H200 against the head-vectors-tail form: bf16 65536x130 (4-byte packs, 3 a lane)
-// 1.34x, 65536x100 1.10x, 40003x100 1.07x, 65536x20 1.05x, fp16 131072x36 1.06x; slower where the
-// rows are not batched (bf16 4096x130 0.95x) or a lane holds 4 packs (16384x250 0.93x, 65536x500
-// 0.92x) (bench/NOTES.md section 67).
+// are (kRowBatch), where the plan batches their rows and a lane holds at most this many packs; 4-byte
+// packs only where they take no more lanes than the row's 16-byte vectors would. Otherwise they read
+// a head of single elements, 16-byte vectors, and a tail, one row a group. Measured on an H200
+// against the head-vectors-tail form: bf16 65536x130 (4-byte packs, 3 a lane) 1.35x, 32768x130 1.08x,
+// 65536x196 1.13x, 65536x100 1.09x, 40003x100 1.06x, 262144x20 1.05x, fp16 131072x36 1.06x; slower
+// where the rows are not batched (bf16 4096x130 0.95x), a lane holds 4 packs (16384x250 0.93x,
+// 65536x500 0.92x), or 4-byte packs took 32 lanes for 16 (fp16 65536x66 0.87x) (bench/NOTES.md
+// section 67).
 constexpr int kMaxPacksPerLane = 3;
 constexpr int kMinChunkVectors = 2 * kThreads;  // smallest piece of a split row
 constexpr int kMinRowsPerThread = 8;      // smallest share of a split column reduction per thread
 constexpr int kMaxColumnThreads = 32;     // threads across a column chunk: 512 bytes of a 16-bit row
 constexpr int kSplitColumnThreads = 8;    // the same where the rows are split: 128 bytes
+// Column sums over rows of this many vectors or more: wide chunks (kMaxColumnThreads) whose splits
+// fill the GPU at kWideColumnBlocksPerSm blocks an SM, not narrow chunks at kBlocksPerSm. Measured on
+// an H200: fp32 8192x3000 1.16x, 16384x1500 1.14x, 4096x3000 1.07x, 8192x6000 1.06x, 2048x65536
+// 1.03x; bf16 8192x6000 1.13x, 4096x3000 1.11x, 8192x3000 1.09x; 0.98-1.02x on the other shapes
+// of 128 vectors or more (bench/NOTES.md section 67).
+constexpr int64_t kWideColumnVectors = 128;
+constexpr int kWideColumnBlocksPerSm = 2;
 // The long-row block kernel reads evict-first (ld.global.cs) up to this many times the L2's bytes:
 // its lines leave L2 before the dirty lines a previous kernel left there, which are then not
 // written back during the sum. On an H200 (50 MB of L2), after a zeroing L2 flush: 1.07-1.20x at
@@ -88,18 +97,24 @@ struct SumPlan {
   int row_pack = 0;     // unaligned 16-bit short rows: elements a load (4 or 2; 0: a head, then 16 bytes)
 };
 
-// The elements of a pack that a row's base and pitch are both aligned to: `base_bytes` and
-// `pitch_bytes` (address of the first row, bytes between rows) in `elem_bytes` elements, at most
-// 16 bytes' worth.
-inline int row_alignment(uint64_t base_bytes, int64_t pitch_bytes, int elem_bytes) {
+// The elements of `elem_bytes` in the widest pack of at most 16 bytes that the address `base_bytes`
+// and the byte counts `a`, `b` and `c` (strides, extents; 0 for none) are all multiples of.
+inline int pack_elements(uint64_t base_bytes, int64_t a, int64_t b, int64_t c, int elem_bytes) {
   int align = 16;
-  while (align > elem_bytes && (base_bytes % align != 0 || pitch_bytes % align != 0)) align /= 2;
+  while (align > elem_bytes && (base_bytes % align != 0 || a % align != 0 || b % align != 0 || c % align != 0)) {
+    align /= 2;
+  }
   return align / elem_bytes;
 }
 
-// `vec`: elements in 16 bytes (4 for fp32, 8 for 16-bit types). The splits fill `sm_count`
-// multiprocessors at the grid target; `l2_bytes` is the device's L2 cache size. `row_align`: the
-// elements (row_alignment, at most vec) that the rows' base and pitch are aligned to, for inner == 1.
+// The elements a column-sum load takes: 16 bytes (`full` elements), else 8 bytes, else one element,
+// as the first element and the strides and row length in bytes (pack_elements) allow.
+inline int column_vec(int pack, int full) { return pack >= full ? full : pack >= full / 2 ? full / 2 : 1; }
+
+// `vec`: elements a load: in 16 bytes for row sums (inner == 1; 4 for fp32, 8 for 16-bit types),
+// column_vec's for column sums. The splits fill `sm_count` multiprocessors at the grid target;
+// `l2_bytes` is the device's L2 cache size. `row_align`: the elements (pack_elements, at most vec)
+// that the rows' base and pitch are aligned to, for inner == 1.
 inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int vec, int sm_count,
                               int64_t l2_bytes, int row_align) {
   using namespace sum_rules;
@@ -131,17 +146,26 @@ inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int 
     if (vec == 8 && row_align >= 2 && row_align < vec && plan.row_batch == kRowBatch) {
       const int pack = row_align >= 4 ? 4 : 2;
       const int64_t packs = ceil_div(reduce, pack);
-      if (ceil_div(packs, group_lanes(packs)) <= kMaxPacksPerLane) plan.row_pack = pack;
+      if (ceil_div(packs, group_lanes(packs)) <= kMaxPacksPerLane && (pack == 4 || group_lanes(packs) <= lanes)) {
+        plan.row_pack = pack;
+      }
     }
   } else {
-    // Wide chunks (32 threads of 16 bytes) where they alone fill the GPU. Otherwise narrow ones
-    // (8 threads: 128 bytes of a row), whose blocks split the rows: more column blocks leave fewer
-    // splits to add in the second stage. The grid stays within one wave of resident blocks; a
-    // partial second wave of blocks cost 7% at 32768 x 4096.
+    // Wide chunks (32 threads of a load each) where they alone fill the GPU, or where the rows are
+    // long (kWideColumnVectors), split to two blocks an SM. Otherwise narrow ones (8 threads: 128
+    // bytes of a row), whose blocks split the rows: more column blocks leave fewer splits to add in
+    // the second stage. The grid stays within one wave of resident blocks; a partial second wave of
+    // blocks cost 7% at 32768 x 4096. One element a thread (vec 1) keeps wide chunks.
     const int64_t inner_vecs = ceil_div(inner, vec);
     const int64_t wide = column_threads(inner_vecs, kMaxColumnThreads);
-    if (ceil_div(inner_vecs, wide) * outer < target) {
-      plan.col_threads = column_threads(inner_vecs, kSplitColumnThreads);
+    plan.col_threads = int(wide);
+    if (inner_vecs >= kWideColumnVectors) {
+      const int64_t blocks = ceil_div(inner_vecs, wide) * outer;
+      const int64_t rows = kThreads / wide;
+      splits = std::min(int64_t(kWideColumnBlocksPerSm) * std::max(sm_count, 1) / blocks,
+                        reduce / (rows * kMinRowsPerThread));
+    } else if (ceil_div(inner_vecs, wide) * outer < target) {
+      if (vec > 1) plan.col_threads = column_threads(inner_vecs, kSplitColumnThreads);
       const int64_t blocks = ceil_div(inner_vecs, plan.col_threads) * outer;
       const int64_t rows = kThreads / plan.col_threads;
       splits = std::min(target / blocks, reduce / (rows * kMinRowsPerThread));

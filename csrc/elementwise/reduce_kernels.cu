@@ -405,6 +405,17 @@ void launch_columns(SumParams const& p, int col_threads, cudaStream_t stream) {
   sum_columns_kernel<T, kVec><<<grid, block, 0, stream>>>(p, col_blocks, rows_per_split);
 }
 
+// The elements of the widest pack (up to 16 bytes) that every row's first element allows (inner == 1).
+int row_pack_align(SumParams const& p, int elem_bytes) {
+  return pack_elements(reinterpret_cast<uintptr_t>(p.input), p.outer_stride * elem_bytes, 0, 0, elem_bytes);
+}
+
+// The same for a column sum's loads: every row's first element and the row length.
+int column_pack(SumParams const& p, int elem_bytes) {
+  return pack_elements(reinterpret_cast<uintptr_t>(p.input), p.outer_stride * elem_bytes,
+                       p.reduce_stride * elem_bytes, p.inner * elem_bytes, elem_bytes);
+}
+
 template <class T>
 struct SumFn {
   void operator()(SumParams const& p, cudaStream_t stream) const {
@@ -419,15 +430,17 @@ struct SumFn {
       if (aligned) return launch_rows<T, kVec, false>(p, stream);
       if constexpr (sizeof(T) == 2) {
         // The plan's packs, where the rows still allow them (a plan made for another pointer does not).
-        const int align = row_alignment(reinterpret_cast<uintptr_t>(p.input), p.outer_stride * 2, 2);
+        const int align = row_pack_align(p, 2);
         if (p.plan.row_pack == 4 && align >= 4) return launch_rows_packed<T, 4>(p, stream);
         if (p.plan.row_pack == 2 && align >= 2) return launch_rows_packed<T, 2>(p, stream);
       }
       return launch_rows<T, kVec, true>(p, stream);
     }
-    if (aligned && p.inner % kVec == 0 && p.reduce_stride % kVec == 0) {
-      return launch_columns<T, kVec>(p, p.plan.col_threads, stream);
-    }
+    // 16-byte loads, else 8-byte ones (bf16 16384x1500: rows 3000 bytes apart), else an element a
+    // thread, as the plan chose them (column_vec) and the pointer still allows.
+    const int vec = column_vec(column_pack(p, int(sizeof(T))), kVec);
+    if (vec == kVec) return launch_columns<T, kVec>(p, p.plan.col_threads, stream);
+    if (vec == kVec / 2) return launch_columns<T, kVec / 2>(p, p.plan.col_threads, stream);
     launch_columns<T, 1>(p, kMaxColumnThreads, stream);  // one element a thread: keep warps' rows wide
   }
 };
@@ -549,8 +562,9 @@ struct PartialsFn {
 
 void plan_sum(SumParams& p, int sm_count, int64_t l2_bytes) {
   const int elem_bytes = p.dtype == DType::kF32 ? 4 : 2;
-  const int row_align = row_alignment(reinterpret_cast<uintptr_t>(p.input), p.outer_stride * elem_bytes, elem_bytes);
-  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, 16 / elem_bytes, sm_count, l2_bytes, row_align);
+  const int full = 16 / elem_bytes;
+  const int vec = p.inner == 1 ? full : column_vec(column_pack(p, elem_bytes), full);
+  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, vec, sm_count, l2_bytes, row_pack_align(p, elem_bytes));
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {

@@ -1,7 +1,7 @@
 // Runs csrc/common/sum_plan.h on lines read from stdin (tests/test_sum_plan_host.py):
 // "plan <outer> <reduce> <inner> <vec> <sm_count> <l2_bytes> <row_align>" prints plan_sum_shape's
 // "<splits> <col_threads> <row_threads> <row_batch> <block_once> <lane_rest> <row_pack>";
-// "align <base_bytes> <pitch_bytes> <elem_bytes>" prints row_alignment's elements.
+// "pack <base_bytes> <a> <b> <c> <elem_bytes>" prints pack_elements'; "colvec <pack> <full>" column_vec's.
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -11,12 +11,18 @@
 int main() {
   std::string what;
   while (std::cin >> what) {
-    if (what == "align") {
+    if (what == "pack") {
       uint64_t base;
-      int64_t pitch;
+      int64_t a, b, c;
       int elem;
-      std::cin >> base >> pitch >> elem;
-      std::cout << cutlass_ext::row_alignment(base, pitch, elem) << "\n";
+      std::cin >> base >> a >> b >> c >> elem;
+      std::cout << cutlass_ext::pack_elements(base, a, b, c, elem) << "\n";
+      continue;
+    }
+    if (what == "colvec") {
+      int pack, full;
+      std::cin >> pack >> full;
+      std::cout << cutlass_ext::column_vec(pack, full) << "\n";
       continue;
     }
     int64_t outer, reduce, inner, l2_bytes;

@@ -300,6 +300,11 @@ SUM_CASES = {
     # split column sums: several outer indices, a partial last column chunk (200 and 72 columns)
     "split_columns_batched": (lambda d, t: rand(4, 5000, 200, device=d, dtype=t), 1),
     "split_columns_tail": (lambda d, t: rand(30000, 72, device=d, dtype=t), 0),
+    # rows of 128 loads or more: 32-thread chunks split to two blocks an SM; 16-bit rows 3000 bytes
+    # apart read 8-byte packs, fp32 rows 6008 bytes apart too, 16-bit rows 3004 apart an element a
+    # thread
+    "wide_split_columns_1500": (lambda d, t: rand(2048, 1500, device=d, dtype=t), 0),
+    "wide_split_columns_1502": (lambda d, t: rand(2048, 1502, device=d, dtype=t), 0),
     # enough 512-byte column chunks to fill the GPU without splitting the rows
     "wide_columns": (lambda d, t: rand(40, 140000, device=d, dtype=t), 0),
     "middle": (lambda d, t: rand(6, 500, 10, device=d, dtype=t), 1),
