@@ -21,8 +21,8 @@ def driver(tmp_path_factory):
 
 
 def full_plans(driver, cases):
-    """(outer, reduce, inner, vec, sm_count, l2_bytes, row_align) -> (splits, col_threads, row_threads,
-    row_batch, block_once, lane_rest, row_pack)."""
+    """(outer, reduce, inner, vec, full, sm_count, l2_bytes, row_align) -> (splits, col_threads,
+    row_threads, row_batch, block_once, lane_rest, row_pack)."""
     text = "".join("plan " + " ".join(map(str, c)) + "\n" for c in cases)
     out = subprocess.run([str(driver)], input=text, capture_output=True, text=True, check=True).stdout.split()
     assert len(out) == 7 * len(cases)
@@ -37,12 +37,13 @@ def plans(driver, cases):
 def rows(n, cols, vec=8, align=None):
     """A row sum over the last dim of [n, cols] whose base and pitch are aligned to `align` elements
     (default: 16 bytes)."""
-    return (n, cols, 1, vec, SMS, L2, vec if align is None else align)
+    return (n, cols, 1, vec, vec, SMS, L2, vec if align is None else align)
 
 
-def columns(n, cols, vec=8):
-    """A column sum over the first dim of [n, cols]."""
-    return (1, n, cols, vec, SMS, L2, vec)
+def columns(n, cols, vec=8, full=None):
+    """A column sum over the first dim of [n, cols], `vec` elements a load (`full` in 16 bytes: the
+    same by default)."""
+    return (1, n, cols, vec, vec if full is None else full, SMS, L2, vec)
 
 
 # case -> (splits, col_threads, row_threads, row_batch)
@@ -66,14 +67,18 @@ MEASURED = [
     # wide chunks that fill the GPU alone, and wide chunks split to two blocks an SM over rows of
     # 128 vectors or more (section 67: fp32 8192x3000 1.16x, 32768x4096 1.02x; bf16 4096x3000 1.11x)
     (columns(4096, 128), (16, 8, 256, 1)),
-    ((512, 64, 4096, 8, SMS, L2, 8), (1, 32, 256, 1)),
+    ((512, 64, 4096, 8, 8, SMS, L2, 8), (1, 32, 256, 1)),
     (columns(8192, 3000, vec=4), (11, 32, 256, 1)),
     (columns(32768, 4096, vec=4), (8, 32, 256, 1)),
     (columns(4096, 3000), (22, 32, 256, 1)),
     # bf16 rows 3000 bytes apart: 8-byte loads (vec 4), 375 of them a row
-    (columns(16384, 1500, vec=4), (22, 32, 256, 1)),
+    (columns(16384, 1500, vec=4, full=8), (22, 32, 256, 1)),
+    # short rows of narrower loads keep 128-byte narrow chunks: bf16 rows 260 bytes apart (4-byte
+    # loads) take 32 threads, fp32 ones (8-byte loads) 16
+    (columns(65536, 130, vec=2, full=8), (176, 32, 256, 1)),
+    (columns(65536, 130, vec=2, full=4), (105, 16, 256, 1)),
     # one element a thread keeps 32-thread chunks, split to the grid target for that chunk count
-    (columns(4096, 100, vec=1), (64, 32, 256, 1)),
+    (columns(4096, 100, vec=1, full=8), (64, 32, 256, 1)),
 ]
 
 
@@ -99,8 +104,8 @@ LOADS = [
 def test_block_loads_by_size(driver, case, expected):
     assert full_plans(driver, [case])[0][4] == expected
     # the same rows on a GPU of twice the L2 (and no L2) move the limit with it
-    bigger = case[:5] + (2 * case[5],) + case[6:]
-    smaller = case[:5] + (0,) + case[6:]
+    bigger = case[:6] + (2 * case[6],) + case[7:]
+    smaller = case[:6] + (0,) + case[7:]
     assert full_plans(driver, [bigger])[0][4] >= expected
     assert full_plans(driver, [smaller])[0][4] == 0
 
@@ -172,10 +177,10 @@ def test_pack_elements(driver, base, a, b, c, elem, expected):
     assert ask(driver, f"pack {base} {a} {b} {c} {elem}") == [str(expected)]
 
 
-@pytest.mark.parametrize("pack, full, expected", [(8, 8, 8), (4, 8, 4), (2, 8, 1), (1, 8, 1), (4, 4, 4), (2, 4, 2),
+@pytest.mark.parametrize("pack, full, expected", [(8, 8, 8), (4, 8, 4), (2, 8, 2), (1, 8, 1), (4, 4, 4), (2, 4, 2),
                                                   (1, 4, 1)])
 def test_column_vec(driver, pack, full, expected):
-    # 16-byte loads, else 8-byte ones, else one element
+    # 16-byte loads, else 8-byte ones, else 4-byte ones, else one element
     assert ask(driver, f"colvec {pack} {full}") == [str(expected)]
 
 
@@ -184,11 +189,12 @@ def group_lanes(vectors):
 
 
 def test_bounds_on_a_sweep(driver):
-    cases = [(o, r, i, vec, sms, L2, align) for o in (1, 3, 100, 131, 528, 4096, 65536)
-             for r in (1, 7, 36, 128, 130, 4097, 262144) for i in (1, 5, 128, 4096) for vec in (4, 8) for sms in (1, 132)
+    cases = [(o, r, i, vec, full, sms, L2, align) for o in (1, 3, 100, 131, 528, 4096, 65536)
+             for r in (1, 7, 36, 128, 130, 4097, 262144) for i in (1, 5, 128, 130, 4096) for full in (4, 8)
+             for vec in (1, 2, 4, 8) if vec <= full and (i > 1 or vec == full) for sms in (1, 132)
              for align in (1, 2, 4, vec)]
     for case, (splits, col_threads, row_threads, row_batch, once, rest, pack) in zip(cases, full_plans(driver, cases)):
-        o, r, i, vec, sms, _, align = case
+        o, r, i, vec, full, sms, _, align = case
         assert 1 <= splits <= 65535, case
         assert col_threads in (1, 2, 4, 8, 16, 32), case
         assert row_threads in (256, 512, 1024), case

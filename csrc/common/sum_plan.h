@@ -107,15 +107,21 @@ inline int pack_elements(uint64_t base_bytes, int64_t a, int64_t b, int64_t c, i
   return align / elem_bytes;
 }
 
-// The elements a column-sum load takes: 16 bytes (`full` elements), else 8 bytes, else one element,
-// as the first element and the strides and row length in bytes (pack_elements) allow.
-inline int column_vec(int pack, int full) { return pack >= full ? full : pack >= full / 2 ? full / 2 : 1; }
+// The elements a column-sum load takes: 16 bytes (`full` elements), else 8, else 4 (16-bit types),
+// else one element, as the first element and the strides and row length in bytes (pack_elements)
+// allow.
+inline int column_vec(int pack, int full) {
+  for (int v = full; v > 1; v /= 2) {
+    if (pack >= v) return v;
+  }
+  return 1;
+}
 
-// `vec`: elements a load: in 16 bytes for row sums (inner == 1; 4 for fp32, 8 for 16-bit types),
-// column_vec's for column sums. The splits fill `sm_count` multiprocessors at the grid target;
-// `l2_bytes` is the device's L2 cache size. `row_align`: the elements (pack_elements, at most vec)
-// that the rows' base and pitch are aligned to, for inner == 1.
-inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int vec, int sm_count,
+// `full`: elements in 16 bytes (4 for fp32, 8 for 16-bit types); `vec`: elements a load, `full`
+// for row sums (inner == 1), column_vec's for column sums. The splits fill `sm_count`
+// multiprocessors at the grid target; `l2_bytes` is the device's L2 cache size. `row_align`: the
+// elements (pack_elements, at most full) that the rows' base and pitch are aligned to, for inner == 1.
+inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int vec, int full, int sm_count,
                               int64_t l2_bytes, int row_align) {
   using namespace sum_rules;
   SumPlan plan;
@@ -152,20 +158,20 @@ inline SumPlan plan_sum_shape(int64_t outer, int64_t reduce, int64_t inner, int 
     }
   } else {
     // Wide chunks (32 threads of a load each) where they alone fill the GPU, or where the rows are
-    // long (kWideColumnVectors), split to two blocks an SM. Otherwise narrow ones (8 threads: 128
-    // bytes of a row), whose blocks split the rows: more column blocks leave fewer splits to add in
-    // the second stage. The grid stays within one wave of resident blocks; a partial second wave of
-    // blocks cost 7% at 32768 x 4096. One element a thread (vec 1) keeps wide chunks.
+    // long (kWideColumnVectors of 16 bytes), split to two blocks an SM. Otherwise narrow ones (128
+    // bytes of a row: 8 threads of 16-byte loads, 16 of 8-byte ones), whose blocks split the rows:
+    // more column blocks leave fewer splits to add in the second stage. The grid stays within one
+    // wave of resident blocks; a partial second wave of blocks cost 7% at 32768 x 4096.
     const int64_t inner_vecs = ceil_div(inner, vec);
     const int64_t wide = column_threads(inner_vecs, kMaxColumnThreads);
     plan.col_threads = int(wide);
-    if (inner_vecs >= kWideColumnVectors) {
+    if (ceil_div(inner, full) >= kWideColumnVectors) {
       const int64_t blocks = ceil_div(inner_vecs, wide) * outer;
       const int64_t rows = kThreads / wide;
       splits = std::min(int64_t(kWideColumnBlocksPerSm) * std::max(sm_count, 1) / blocks,
                         reduce / (rows * kMinRowsPerThread));
     } else if (ceil_div(inner_vecs, wide) * outer < target) {
-      if (vec > 1) plan.col_threads = column_threads(inner_vecs, kSplitColumnThreads);
+      plan.col_threads = column_threads(inner_vecs, std::min(kMaxColumnThreads, kSplitColumnThreads * full / vec));
       const int64_t blocks = ceil_div(inner_vecs, plan.col_threads) * outer;
       const int64_t rows = kThreads / plan.col_threads;
       splits = std::min(target / blocks, reduce / (rows * kMinRowsPerThread));

@@ -436,11 +436,15 @@ struct SumFn {
       }
       return launch_rows<T, kVec, true>(p, stream);
     }
-    // 16-byte loads, else 8-byte ones (bf16 16384x1500: rows 3000 bytes apart), else an element a
-    // thread, as the plan chose them (column_vec) and the pointer still allows.
+    // 16-byte loads, else 8-byte ones (bf16 16384x1500: rows 3000 bytes apart), else 4-byte ones
+    // (16-bit types), else an element a thread, as the plan chose them (column_vec) and the pointer
+    // still allows.
     const int vec = column_vec(column_pack(p, int(sizeof(T))), kVec);
     if (vec == kVec) return launch_columns<T, kVec>(p, p.plan.col_threads, stream);
     if (vec == kVec / 2) return launch_columns<T, kVec / 2>(p, p.plan.col_threads, stream);
+    if constexpr (kVec / 4 > 1) {
+      if (vec == kVec / 4) return launch_columns<T, kVec / 4>(p, p.plan.col_threads, stream);
+    }
     launch_columns<T, 1>(p, kMaxColumnThreads, stream);  // one element a thread: keep warps' rows wide
   }
 };
@@ -564,7 +568,7 @@ void plan_sum(SumParams& p, int sm_count, int64_t l2_bytes) {
   const int elem_bytes = p.dtype == DType::kF32 ? 4 : 2;
   const int full = 16 / elem_bytes;
   const int vec = p.inner == 1 ? full : column_vec(column_pack(p, elem_bytes), full);
-  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, vec, sm_count, l2_bytes, row_pack_align(p, elem_bytes));
+  p.plan = plan_sum_shape(p.outer, p.reduce, p.inner, vec, full, sm_count, l2_bytes, row_pack_align(p, elem_bytes));
 }
 
 LaunchResult sum(SumParams const& p, cudaStream_t stream) {

@@ -1,5 +1,5 @@
 // Runs csrc/common/sum_plan.h on lines read from stdin (tests/test_sum_plan_host.py):
-// "plan <outer> <reduce> <inner> <vec> <sm_count> <l2_bytes> <row_align>" prints plan_sum_shape's
+// "plan <outer> <reduce> <inner> <vec> <full> <sm_count> <l2_bytes> <row_align>" prints plan_sum_shape's
 // "<splits> <col_threads> <row_threads> <row_batch> <block_once> <lane_rest> <row_pack>";
 // "pack <base_bytes> <a> <b> <c> <elem_bytes>" prints pack_elements'; "colvec <pack> <full>" column_vec's.
 #include <cstdint>
@@ -26,9 +26,10 @@ int main() {
       continue;
     }
     int64_t outer, reduce, inner, l2_bytes;
-    int vec, sm_count, row_align;
-    std::cin >> outer >> reduce >> inner >> vec >> sm_count >> l2_bytes >> row_align;
-    const cutlass_ext::SumPlan p = cutlass_ext::plan_sum_shape(outer, reduce, inner, vec, sm_count, l2_bytes, row_align);
+    int vec, full, sm_count, row_align;
+    std::cin >> outer >> reduce >> inner >> vec >> full >> sm_count >> l2_bytes >> row_align;
+    const cutlass_ext::SumPlan p =
+        cutlass_ext::plan_sum_shape(outer, reduce, inner, vec, full, sm_count, l2_bytes, row_align);
     std::cout << p.splits << " " << p.col_threads << " " << p.row_threads << " " << p.row_batch << " " << int(p.block_once) << " "
               << int(p.lane_rest) << " " << p.row_pack << "\n";
   }

@@ -305,6 +305,8 @@ SUM_CASES = {
     # thread
     "wide_split_columns_1500": (lambda d, t: rand(2048, 1500, device=d, dtype=t), 0),
     "wide_split_columns_1502": (lambda d, t: rand(2048, 1502, device=d, dtype=t), 0),
+    # short rows 260 bytes apart (16-bit: 4-byte loads; fp32 520: 8-byte loads), split to the target
+    "short_columns_130": (lambda d, t: rand(4096, 130, device=d, dtype=t), 0),
     # enough 512-byte column chunks to fill the GPU without splitting the rows
     "wide_columns": (lambda d, t: rand(40, 140000, device=d, dtype=t), 0),
     "middle": (lambda d, t: rand(6, 500, 10, device=d, dtype=t), 1),
