@@ -376,10 +376,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) sum_columns_kernel(Sum
         for (int i = 0; i < kVec; ++i) acc[i] += float(x[u].v[i]);
       }
     }
-    for (; n > 0; --n, in += step) {
-      const Pack<T, kVec> x = load_pack_once<T, kVec>(in);
+    // The last rows (fewer than kColumnUnroll) loaded together, predicated, then added in order:
+    // loaded one after another's add they were a chain of round trips to memory.
+    if (n > 0) {
+      Pack<T, kVec> x[kColumnUnroll];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] += float(x.v[i]);
+      for (int u = 0; u < kColumnUnroll; ++u) {
+        if (u < n) x[u] = load_pack_once<T, kVec>(in + u * step);
+      }
+#pragma unroll
+      for (int u = 0; u < kColumnUnroll; ++u) {
+        if (u < n) {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) acc[i] += float(x[u].v[i]);
+        }
+      }
     }
   }
   if (p.plan.splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
