@@ -300,28 +300,23 @@ void launch_rows_group(SumParams const& p, cudaStream_t stream) {
   sum_rows_group_kernel<T, kVec, kGroup, 1, kPeel, kRestSerial><<<blocks, kThreads, 0, stream>>>(p);
 }
 
-// Unaligned 16-bit short rows as packs of kPack elements (SumPlan::row_pack): the plan batches
+// Short rows a lane group each, the group's lanes from the row's loads of kVec elements. Also
+// unaligned 16-bit short rows as packs of 4 or 2 elements (SumPlan::row_pack): the plan batches
 // their rows, so each lane group sums four rows at once.
-template <class T, int kPack>
-void launch_rows_packed(SumParams const& p, cudaStream_t stream) {
-  switch (group_lanes(ceil_div(p.reduce, kPack))) {
-    case 4: return launch_rows_group<T, kPack, 4, false>(p, stream);
-    case 8: return launch_rows_group<T, kPack, 8, false>(p, stream);
-    case 16: return launch_rows_group<T, kPack, 16, false>(p, stream);
-    default: return launch_rows_group<T, kPack, 32, false>(p, stream);
+template <class T, int kVec, bool kPeel>
+void launch_row_groups(SumParams const& p, cudaStream_t stream) {
+  switch (group_lanes(ceil_div(p.reduce, kVec))) {
+    case 4: return launch_rows_group<T, kVec, 4, kPeel>(p, stream);
+    case 8: return launch_rows_group<T, kVec, 8, kPeel>(p, stream);
+    case 16: return launch_rows_group<T, kVec, 16, kPeel>(p, stream);
+    default: return launch_rows_group<T, kVec, 32, kPeel>(p, stream);
   }
 }
 
 template <class T, int kVec, bool kPeel>
 void launch_rows(SumParams const& p, cudaStream_t stream) {
-  const int64_t vectors = ceil_div(p.reduce, kVec);
-  if (vectors <= kMaxGroupVectors && p.plan.splits == 1) {
-    switch (group_lanes(vectors)) {
-      case 4: return launch_rows_group<T, kVec, 4, kPeel>(p, stream);
-      case 8: return launch_rows_group<T, kVec, 8, kPeel>(p, stream);
-      case 16: return launch_rows_group<T, kVec, 16, kPeel>(p, stream);
-      default: return launch_rows_group<T, kVec, 32, kPeel>(p, stream);
-    }
+  if (ceil_div(p.reduce, kVec) <= kMaxGroupVectors && p.plan.splits == 1) {
+    return launch_row_groups<T, kVec, kPeel>(p, stream);
   }
   const int64_t chunk = ceil_div(p.reduce / kVec, p.plan.splits);
   const dim3 grid(unsigned(p.outer), unsigned(p.plan.splits));
@@ -431,19 +426,18 @@ template <class T>
 struct SumFn {
   void operator()(SumParams const& p, cudaStream_t stream) const {
     constexpr int kVec = vec_width<T>();
-    const bool aligned = aligned16(p.input) && p.outer_stride % kVec == 0;
     if (p.inner == 1) {
+      const int align = row_pack_align(p, int(sizeof(T)));
       // Rows off 16-byte boundaries read their heads an element at a time, then 16-byte vectors:
       // 1.04-2.86x over reading them an element at a time on an H200 (bf16 65536x500 2.86x,
       // 16384x3500 1.57x, 512x262140 1.25x; fp32 16384x1001 1.21x; bench/NOTES.md section 65).
       // Its slower short rows then (bf16 1024x1020 0.78x, fp32 65536x130 0.94x) were made up by the
       // lane-rest rule and the tail loaded ahead (section 66).
-      if (aligned) return launch_rows<T, kVec, false>(p, stream);
+      if (align >= kVec) return launch_rows<T, kVec, false>(p, stream);
       if constexpr (sizeof(T) == 2) {
         // The plan's packs, where the rows still allow them (a plan made for another pointer does not).
-        const int align = row_pack_align(p, 2);
-        if (p.plan.row_pack == 4 && align >= 4) return launch_rows_packed<T, 4>(p, stream);
-        if (p.plan.row_pack == 2 && align >= 2) return launch_rows_packed<T, 2>(p, stream);
+        if (p.plan.row_pack == 4 && align >= 4) return launch_row_groups<T, 4, false>(p, stream);
+        if (p.plan.row_pack == 2 && align >= 2) return launch_row_groups<T, 2, false>(p, stream);
       }
       return launch_rows<T, kVec, true>(p, stream);
     }
