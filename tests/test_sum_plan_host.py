@@ -184,6 +184,19 @@ def test_column_vec(driver, pack, full, expected):
     assert ask(driver, f"colvec {pack} {full}") == [str(expected)]
 
 
+@pytest.mark.parametrize("splits, lo, hi, expected", [
+    # the vector form (256 threads): 16 float4 columns keep 16 lanes up to 128 splits (one round)
+    (132, 16, 256, 32), (128, 16, 256, 16), (2, 16, 256, 16), (528, 16, 256, 128), (5000, 16, 256, 256),
+    # the scalar form (32 columns a block, 256 to 1024 threads): 8 lanes up to 64 splits
+    (64, 8, 32, 8), (65, 8, 32, 16), (176, 8, 32, 32), (264, 8, 32, 32), (1, 8, 32, 8),
+    # narrow columns: every lane of a 256-thread block
+    (3, 256, 1024, 256), (4096, 256, 1024, 512), (100000, 256, 1024, 1024),
+])
+def test_partials_lanes(driver, splits, lo, hi, expected):
+    # lanes for one round of eight loads a lane, a power of two within the block's bounds
+    assert ask(driver, f"lanes {splits} {lo} {hi}") == [str(expected)]
+
+
 def group_lanes(vectors):
     return 4 if vectors <= 4 else 8 if vectors <= 8 else 16 if vectors <= 16 else 32
 

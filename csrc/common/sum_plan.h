@@ -63,6 +63,15 @@ constexpr int kSplitColumnThreads = 8;    // the same where the rows are split: 
 // of 128 vectors or more (bench/NOTES.md section 67).
 constexpr int64_t kWideColumnVectors = 128;
 constexpr int kWideColumnBlocksPerSm = 2;
+// The second stage (adding a column sum's splits) loads eight splits a lane at once, and its blocks
+// take split lanes enough for one round of those loads (partials_lanes): columns a multiple of 4 at
+// kThreads threads a block, fewer float4 columns for more lanes; other columns at up to
+// kMaxPartialsThreads threads, 32 columns a block. Measured on an H200 against 16 lanes (columns a
+// multiple of 4) and 256 threads with four splits a lane in flight (other columns): fp32 65536x100 to 262144x64 and bf16 65536x36 to 262144x64 (132-528
+// splits) 1.00-1.11x; bf16 65536x50 1.17x, 32768x33 1.09x, 65536x130 1.06x, fp32 65536x50 1.07x
+// (bench/NOTES.md section 68).
+constexpr int kPartialsLoads = 8;
+constexpr int kMaxPartialsThreads = 1024;
 // The long-row block kernel reads evict-first (ld.global.cs) up to this many times the L2's bytes:
 // its lines leave L2 before the dirty lines a previous kernel left there, which are then not
 // written back during the sum. On an H200 (50 MB of L2), after a zeroing L2 flush: 1.07-1.20x at
@@ -77,6 +86,13 @@ constexpr int64_t kOnceL2Multiple = 4;
 // Threads across columns for rows of `vectors` vectors: the next power of two, at most `max_threads`.
 inline int column_threads(int64_t vectors, int max_threads) {
   return int(std::min<int64_t>(max_threads, pow2_at_least(vectors)));
+}
+
+// Split lanes for the second stage: a power of two of lanes enough for one round of kPartialsLoads
+// loads a lane, within [min_lanes, max_lanes] (powers of two).
+inline int partials_lanes(int64_t splits, int min_lanes, int max_lanes) {
+  const int64_t lanes = pow2_at_least(ceil_div(splits, sum_rules::kPartialsLoads));
+  return int(std::max<int64_t>(min_lanes, std::min<int64_t>(max_lanes, lanes)));
 }
 
 enum class LaneRest : int { kSerial = 0, kModFour = 1, kBatch = 2 };

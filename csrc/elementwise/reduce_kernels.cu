@@ -457,7 +457,8 @@ struct SumFn {
 // ------------------------------------------------------------------------------------------------
 // Second stage. Vector form (inner a multiple of 4): block (q float4 columns, kThreads / q split
 // lanes); lane l adds splits l, l + lanes, ... in order, then the lanes are added in order.
-// Scalar form otherwise: block (tx inner elements, ty split lanes), the same order. Each is
+// Scalar form otherwise: block (tx inner elements, ty split lanes), the same order. The lanes are
+// as many as one round of loads needs (partials_lanes, common/sum_plan.h). Each is
 // launched as a programmatic dependent of the kernel that wrote the partials (dependent_launch.h).
 
 struct PartialsParams {
@@ -478,16 +479,16 @@ __global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsPara
   wait_for_prior_grid();
   if (col < p.inner) {
     const float* src = p.partials + o * p.splits * p.inner + col;
-    // Eight of the lane's splits loaded at once (those past the end not at all), then added in
-    // order: one memory round trip for up to 8 * lanes splits.
-    for (int s = threadIdx.y; s < p.splits; s += 8 * lanes) {
-      float4 v[8];
+    // kPartialsLoads of the lane's splits loaded at once (those past the end not at all), then added
+    // in order: one memory round trip for up to kPartialsLoads * lanes splits.
+    for (int s = threadIdx.y; s < p.splits; s += kPartialsLoads * lanes) {
+      float4 v[kPartialsLoads];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
+      for (int u = 0; u < kPartialsLoads; ++u) {
         if (s + u * lanes < p.splits) v[u] = *reinterpret_cast<const float4*>(src + int64_t(s + u * lanes) * p.inner);
       }
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
+      for (int u = 0; u < kPartialsLoads; ++u) {
         if (s + u * lanes < p.splits) {
           acc[0] += v[u].x; acc[1] += v[u].y; acc[2] += v[u].z; acc[3] += v[u].w;
         }
@@ -501,8 +502,8 @@ __global__ void __launch_bounds__(kThreads) sum_partials_vec_kernel(PartialsPara
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) sum_partials_kernel(PartialsParams p, int64_t col_blocks) {
-  __shared__ float sums[kThreads];
+__global__ void __launch_bounds__(kMaxPartialsThreads) sum_partials_kernel(PartialsParams p, int64_t col_blocks) {
+  __shared__ float sums[kMaxPartialsThreads];
   const int tx = blockDim.x, ty = blockDim.y;
   const int64_t o = blockIdx.x / col_blocks;
   const int64_t col = (blockIdx.x % col_blocks) * tx + threadIdx.x;
@@ -510,8 +511,19 @@ __global__ void __launch_bounds__(kThreads) sum_partials_kernel(PartialsParams p
   wait_for_prior_grid();
   if (col < p.inner) {
     const float* src = p.partials + o * p.splits * p.inner + col;
-#pragma unroll 4
-    for (int s = threadIdx.y; s < p.splits; s += ty) acc += src[int64_t(s) * p.inner];
+    // kPartialsLoads of the lane's splits loaded at once (those past the end not at all), then added
+    // in order.
+    for (int s = threadIdx.y; s < p.splits; s += kPartialsLoads * ty) {
+      float v[kPartialsLoads];
+#pragma unroll
+      for (int u = 0; u < kPartialsLoads; ++u) {
+        if (s + u * ty < p.splits) v[u] = src[int64_t(s + u * ty) * p.inner];
+      }
+#pragma unroll
+      for (int u = 0; u < kPartialsLoads; ++u) {
+        if (s + u * ty < p.splits) acc += v[u];
+      }
+    }
   }
   sums[threadIdx.y * tx + threadIdx.x] = acc;
   __syncthreads();
@@ -553,8 +565,10 @@ struct PartialsFn {
       return;
     }
     if (p.inner % 4 == 0 && aligned16(p.partials)) {
-      // 16 float4 columns (64 floats, 256 bytes of each split's row) a block, 16 split lanes.
-      const int q = int(std::min<int64_t>(16, pow2_at_least(p.inner / 4)));
+      // Up to 16 float4 columns (64 floats, 256 bytes of each split's row) a block, the rest of its
+      // threads split lanes, as many as one round of loads needs.
+      const int q0 = int(std::min<int64_t>(16, pow2_at_least(p.inner / 4)));
+      const int q = kThreads / partials_lanes(p.splits, kThreads / q0, kThreads);
       const int64_t col_blocks = ceil_div(p.inner / 4, q);
       launch_dependent(sum_partials_vec_kernel<T>, dim3(unsigned(col_blocks * p.outer)),
                        dim3(unsigned(q), unsigned(kThreads / q)), stream, p, col_blocks);
@@ -562,8 +576,9 @@ struct PartialsFn {
     }
     const int tx = int(std::min<int64_t>(32, pow2_at_least(p.inner)));
     const int64_t col_blocks = ceil_div(p.inner, tx);
-    launch_dependent(sum_partials_kernel<T>, dim3(unsigned(col_blocks * p.outer)),
-                     dim3(unsigned(tx), unsigned(kThreads / tx)), stream, p, col_blocks);
+    const int lanes = partials_lanes(p.splits, kThreads / tx, kMaxPartialsThreads / tx);
+    launch_dependent(sum_partials_kernel<T>, dim3(unsigned(col_blocks * p.outer)), dim3(unsigned(tx), unsigned(lanes)),
+                     stream, p, col_blocks);
   }
 };
 

@@ -1,7 +1,8 @@
 // Runs csrc/common/sum_plan.h on lines read from stdin (tests/test_sum_plan_host.py):
 // "plan <outer> <reduce> <inner> <vec> <full> <sm_count> <l2_bytes> <row_align>" prints plan_sum_shape's
 // "<splits> <col_threads> <row_threads> <row_batch> <block_once> <lane_rest> <row_pack>";
-// "pack <base_bytes> <a> <b> <c> <elem_bytes>" prints pack_elements'; "colvec <pack> <full>" column_vec's.
+// "pack <base_bytes> <a> <b> <c> <elem_bytes>" prints pack_elements'; "colvec <pack> <full>" column_vec's;
+// "lanes <splits> <min_lanes> <max_lanes>" partials_lanes'.
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -23,6 +24,13 @@ int main() {
       int pack, full;
       std::cin >> pack >> full;
       std::cout << cutlass_ext::column_vec(pack, full) << "\n";
+      continue;
+    }
+    if (what == "lanes") {
+      int64_t splits;
+      int lo, hi;
+      std::cin >> splits >> lo >> hi;
+      std::cout << cutlass_ext::partials_lanes(splits, lo, hi) << "\n";
       continue;
     }
     int64_t outer, reduce, inner, l2_bytes;

@@ -307,6 +307,10 @@ SUM_CASES = {
     "wide_split_columns_1502": (lambda d, t: rand(2048, 1502, device=d, dtype=t), 0),
     # short rows 260 bytes apart (16-bit: 4-byte loads; fp32 520: 8-byte loads), split to the target
     "short_columns_130": (lambda d, t: rand(4096, 130, device=d, dtype=t), 0),
+    # 132-528 splits a column: the second stage's lanes for one round of loads (100 columns: fewer
+    # float4 columns a block; 50: the element form at 1024 threads)
+    "many_splits_100": (lambda d, t: rand(65536, 100, device=d, dtype=t), 0),
+    "many_splits_50": (lambda d, t: rand(65536, 50, device=d, dtype=t), 0),
     # enough 512-byte column chunks to fill the GPU without splitting the rows
     "wide_columns": (lambda d, t: rand(40, 140000, device=d, dtype=t), 0),
     "middle": (lambda d, t: rand(6, 500, 10, device=d, dtype=t), 1),
