@@ -66,10 +66,10 @@ constexpr int kWideColumnBlocksPerSm = 2;
 // The second stage (adding a column sum's splits) loads eight splits a lane at once, and its blocks
 // take split lanes enough for one round of those loads (partials_lanes): columns a multiple of 4 at
 // kThreads threads a block, fewer float4 columns for more lanes; other columns at up to
-// kMaxPartialsThreads threads, 32 columns a block. Measured on an H200 against 16 lanes (columns a
-// multiple of 4) and 256 threads with four splits a lane in flight (other columns): fp32 65536x100 to 262144x64 and bf16 65536x36 to 262144x64 (132-528
-// splits) 1.00-1.11x; bf16 65536x50 1.17x, 32768x33 1.09x, 65536x130 1.06x, fp32 65536x50 1.07x
-// (bench/NOTES.md section 68).
+// kMaxPartialsThreads threads, 32 columns a block. Measured on an H200 against the former lanes
+// (16 for the float4 form, 256 threads for the other), the same kernels: bf16 65536x50 1.20x,
+// 65536x36 1.11x, 32768x33 1.10x, 262144x64 1.07x; fp32 32768x33 and 65536x50 1.09x; 0.99-1.00x
+// where 64 splits or fewer already took one round (bench/NOTES.md section 68).
 constexpr int kPartialsLoads = 8;
 constexpr int kMaxPartialsThreads = 1024;
 // The long-row block kernel reads evict-first (ld.global.cs) up to this many times the L2's bytes:

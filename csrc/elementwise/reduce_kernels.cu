@@ -290,7 +290,8 @@ void launch_rows_group(SumParams const& p, cudaStream_t stream) {
     }
   }
   if (batched) {
-    return void(sum_rows_group_kernel<T, kVec, kGroup, kRowBatch, false, kRestSerial><<<blocks, kThreads, 0, stream>>>(p));
+    return void(
+        sum_rows_group_kernel<T, kVec, kGroup, kRowBatch, false, kRestSerial><<<blocks, kThreads, 0, stream>>>(p));
   }
   if constexpr (sizeof(T) == 2 && kVec == vec_width<T>()) {
     if (p.plan.lane_rest == LaneRest::kModFour) {

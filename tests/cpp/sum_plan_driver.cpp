@@ -38,8 +38,8 @@ int main() {
     std::cin >> outer >> reduce >> inner >> vec >> full >> sm_count >> l2_bytes >> row_align;
     const cutlass_ext::SumPlan p =
         cutlass_ext::plan_sum_shape(outer, reduce, inner, vec, full, sm_count, l2_bytes, row_align);
-    std::cout << p.splits << " " << p.col_threads << " " << p.row_threads << " " << p.row_batch << " " << int(p.block_once) << " "
-              << int(p.lane_rest) << " " << p.row_pack << "\n";
+    std::cout << p.splits << " " << p.col_threads << " " << p.row_threads << " " << p.row_batch << " "
+              << int(p.block_once) << " " << int(p.lane_rest) << " " << p.row_pack << "\n";
   }
   return 0;
 }
