@@ -191,6 +191,18 @@ def graphed(name, fn):
     return graph.replay
 
 
+def with_plain_launch(cases: dict, switch) -> dict:
+    """``cases`` and a "plain_launch" case: the "cutlass_ext" case inside ``switch(False)`` (one of
+    cutlass_ext.ops._runtime's dependent-launch switches), read as its kernels are launched or
+    captured, so that one run times both launches in turn."""
+    ours = cases["cutlass_ext"]
+
+    def plain():
+        with switch(False):
+            ours()
+    return {**cases, "plain_launch": plain}
+
+
 def graphed_cases(cases: dict) -> dict:
     """Each case's replay from graphed(); a provider that cannot be captured is left out (graphed()
     says which)."""

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Timer, geomean, graphed, write_results  # noqa: E402
+from _common import Timer, geomean, graphed, with_plain_launch, write_results  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 from cutlass_ext.ops import _runtime  # noqa: E402
@@ -182,12 +182,7 @@ def time_case(timer, case, mode, graphs, plain_launch=False):
 
     callables = {name: call(fn) for name, fn in fns.items()}
     if plain_launch:
-        ours = callables["cutlass_ext"]
-
-        def plain():
-            with _runtime.dependent_launch(False):
-                ours()
-        callables["plain_launch"] = plain
+        callables = with_plain_launch(callables, _runtime.dependent_launch)
     captured = []
     if graphs:
         for name, fn in callables.items():

@@ -5,6 +5,8 @@ Providers:
   eager         act(F.linear(x, w, b))
   cublaslt      torch._addmm_activation(b, x, w.t()) (cuBLASLt's fused bias+ReLU epilogue; forward only)
   compile       torch.compile(act(F.linear(x, w, b)), dynamic=True) (one compile covers all shapes)
+  plain_launch  with --plain-launch: cutlass_ext with its GEMMs launched the usual way instead of as
+                programmatic dependents of the kernel before them
 
 Shapes (M tokens/batch, K in, N out): LLM projections, DLRM MLP layers, squares.
 Writes bench/results/linear-<device>.json and prints one table per mode. With --graphs each case
@@ -15,6 +17,7 @@ the small rows of the forward+backward mode otherwise measure host time.
     python bench/linear.py --dtypes bf16 --modes fwd --sets llm
     python bench/linear.py --dtypes bf16 --modes fwdbwd --graphs
     python bench/linear.py --modes fwd --sets llm --max-rows 16 --config t64x16k128_pp --graphs
+    python bench/linear.py --modes fwdbwd --graphs --providers cutlass_ext,eager --plain-launch
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (add_timer_arguments, geomean, graphed_cases, timer_from_args, timer_settings,  # noqa: E402
-                     write_results)
+                     with_plain_launch, write_results)
 
 import cutlass_ext  # noqa: E402
+from cutlass_ext.ops import _runtime  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}
 
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--config", default=None, help="force one GEMM config of ours (default: the heuristic)")
     parser.add_argument("--max-rows", type=int, default=None, help="only shapes with at most this many rows")
+    parser.add_argument("--plain-launch", action="store_true",
+                        help="also time ours with its GEMMs launched the usual way (provider plain_launch)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -123,6 +129,8 @@ def main(argv=None) -> int:
                     grad = torch.randn(m, n, device="cuda", dtype=dtype) if needs_grad else None
                     flops = 2 * m * n * k * (3 if needs_grad else 1)
                     cases = {name: case_fn(mode, fn, x, w, b, grad) for name, fn in table.items()}
+                    if args.plain_launch and "cutlass_ext" in cases:
+                        cases = with_plain_launch(cases, _runtime.gemm_dependent_launch)
                     if args.graphs:
                         cases = graphed_cases(cases)
                     times = timer.median_us_many(cases)

@@ -10,12 +10,15 @@ Writes bench/results/matmul-<device>.json; ratios are cuBLAS time / ours (>1: we
     python bench/matmul.py --dtypes bf16 --sets square
     python bench/matmul.py --graphs          # CUDA-graph replays: the GPU time without the host's
     python bench/matmul.py --graphs --chain 20   # 20 products back to back a sample (a call's share)
+    python bench/matmul.py --graphs --chain 20 --plain-launch   # also ours launched the usual way
 
 --chain N times N products back to back after each flush, each on the next of several copies of
 the operands that together hold at least twice L2, and reports a call's share: the regime of a
 training step, where the GPU stays busy and power holds its clock below the boost that one call
 after an idle flush gets (bench/NOTES.md sections 43-44). The providers take turns, or with
 --sustain S run in blocks of their own, each at its own clock under the power cap.
+--plain-launch adds the provider plain_launch: ours with its GEMMs launched the usual way instead of
+as programmatic dependents of the kernel before them (the chain's products follow each other).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (add_timer_arguments, geomean, graphed, operand_copies, timer_from_args,  # noqa: E402
-                     timer_settings, write_results)
+                     timer_settings, with_plain_launch, write_results)
 
 import cutlass_ext  # noqa: E402
+from cutlass_ext.ops import _runtime  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}
 
@@ -68,6 +72,8 @@ def main(argv=None) -> int:
     parser.add_argument("--graphs", action="store_true", help="time CUDA-graph replays of each case")
     parser.add_argument("--chain", type=int, default=0,
                         help="time this many products back to back over rotating operand copies (0: one)")
+    parser.add_argument("--plain-launch", action="store_true",
+                        help="also time ours with its GEMMs launched the usual way (provider plain_launch)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -84,6 +90,8 @@ def main(argv=None) -> int:
                 b = torch.randn(*lead, k, n, device="cuda", dtype=dtype) / k**0.5
                 operands = operand_copies(a, b) if args.chain > 0 else [(a, b)]
                 cases = chained(products(args.config), max(args.chain, 1), operands)
+                if args.plain_launch:
+                    cases = with_plain_launch(cases, _runtime.gemm_dependent_launch)
                 with torch.no_grad():
                     if args.graphs:
                         cases = {name: graphed(name, fn) for name, fn in cases.items()}
@@ -97,8 +105,10 @@ def main(argv=None) -> int:
                 rows.append({"dtype": dtype_name, "set": set_name, "batch": batch, "M": m, "K": k, "N": n,
                              "times_us": times, "ratio_vs_cublas": ratio,
                              "tflops": flops / times["cutlass_ext"] / 1e6})
+                plain = (f"  plain launch {times['plain_launch']:9.1f} ({times['plain_launch'] / times['cutlass_ext']:4.2f})"
+                         if "plain_launch" in times else "")
                 print(f"{set_name:8s} {batch:3d} {m:6d} {k:6d} {n:6d}  ours {times['cutlass_ext']:9.1f}  "
-                      f"cublas {times['cublas']:9.1f}  ({ratio:4.2f})  {flops / times['cutlass_ext'] / 1e6:6.1f}",
+                      f"cublas {times['cublas']:9.1f}  ({ratio:4.2f})  {flops / times['cutlass_ext'] / 1e6:6.1f}{plain}",
                       flush=True)
                 del a, b, operands, cases
     summary = {}

@@ -351,10 +351,25 @@ class GemmKernel:
         return self.name
 
     @property
+    def waits_at_start(self) -> bool:
+        """Whether the kernel waits for the grid before it at its start (CUTLASS's sm90 kernels with
+        CUTLASS_ENABLE_GDC_FOR_SM90), so that it is launched as a programmatic dependent of any
+        kernel: every Hopper kernel but
+        - the extended-K ones, whose mainloop starts on its first operand pair while the kernel
+          before it (LoRA's rank pass finish) writes the second, and waits only before that pair
+          (gemm/sm90_extk.cuh);
+        - the stream-K ones, whose workspace is zeroed by a memset just before them (and whose
+          scheduler does not compile with the define in CUTLASS 4.2: its const is_last_tile binds a
+          member to a non-const reference)."""
+        return self.family == "sm90" and not self.ext_k and not self.config.stream_k
+
+    @property
     def unit_class(self) -> str:
         """Base units of one class may share a file: the same family (so the same header and
-        gencodes) and, for CUTLASS, 16-bit types apart from TF32."""
-        return f"{self.family}_{'16bit' if self.dtype in ('bf16', 'fp16') else self.dtype}"
+        gencodes) and, for CUTLASS, 16-bit types apart from TF32, and kernels that wait for the
+        prior grid at their start apart from those that do not (a unit-wide define)."""
+        no_wait = "_no_start_wait" if self.family == "sm90" and not self.waits_at_start else ""
+        return f"{self.family}_{'16bit' if self.dtype in ('bf16', 'fp16') else self.dtype}{no_wait}"
 
     def gencodes(self, archs: tuple[str, ...]) -> list[str]:
         """nvcc -gencode flags for the build's target archs: wgmma needs the arch-specific
@@ -537,7 +552,7 @@ def all_kernels() -> list[GemmKernel]:
 # file (section 34); with 128 instantiations, two a file took 4m09s (3687 CPU-seconds, the 36
 # Hopper files 81% of it) and five a file 3m00s (2766; 14 Hopper files, fewer than the machine's
 # 16 cores, which run the other sources beside them).
-BASE_UNITS_PER_FILE = {"sm90_16bit": 5, "sm90_tf32": 5}
+BASE_UNITS_PER_FILE = {"sm90_16bit": 5, "sm90_16bit_no_start_wait": 5, "sm90_tf32": 5, "sm90_tf32_no_start_wait": 5}
 DEFAULT_BASE_UNITS_PER_FILE = 2
 
 
@@ -585,8 +600,11 @@ def unit_source(group: list[GemmKernel]) -> str:
     # The extended MMA shapes only add candidates between the standard ones, so the unit's other
     # tiles keep theirs.
     extended = any(isinstance(k.config, GemmConfig) and k.config.extended_mma_shape for k in group)
+    # A unit class holds kernels that all wait at their start or none (GemmKernel.unit_class).
+    waits = all(k.waits_at_start for k in group)
     return (
         BANNER + uses + ("#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED\n" if extended else "")
+        + ("#define CUTLASS_ENABLE_GDC_FOR_SM90\n" if waits else "")
         + f'#include "{group[0].header()}"\n\n'
         + "namespace cutlass_ext::generated {\n"
         + "".join(k.definition() for k in group)

@@ -173,7 +173,7 @@ def test_build_tree(tmp_path):
     bases = {}
     for kernel in cutlass:
         bases.setdefault(kernel.unit_class, set()).add(kernel.base_unit)
-    assert set(bases) == {"sm90_16bit", "sm80_16bit", "simt_f32"} and len(bases["sm90_16bit"]) > 2
+    assert set(bases) == {"sm90_16bit", "sm90_16bit_no_start_wait", "sm80_16bit", "simt_f32"} and len(bases["sm90_16bit"]) > 2
     per_file = _kernel_table.base_units_per_file
     assert len(units) == 1 + sum(-(-len(b) // per_file(cls)) for cls, b in bases.items())
     assert sorted(p.stem for p in (tmp_path / "gen").glob("*.cu")) == sorted(units)
@@ -192,8 +192,9 @@ def test_build_tree(tmp_path):
         assert f"build {_build.static_object(rel)}: {rule}" in ninja
     assert "build obj/gemm_registry.o: cxx" in ninja
     # The compile jobs are listed longest first by their estimates (_build.unit_seconds): here
-    # five CUTLASS 3.x files of five base units, the layer-norm
-    # kernels, the CUTLASS 2.x files, the other hand-written sources and last the hand-written GEMMs.
+    # four CUTLASS 3.x files of five base units and one of three, the layer-norm kernels, a
+    # CUTLASS 3.x file of two (the rest of the kernels that do not wait at their start), the
+    # CUTLASS 2.x files, the other hand-written sources and last the hand-written GEMMs.
     listed = re.findall(r"^build (obj/\S+):", ninja, re.M)
     groups = _kernel_table.translation_units(list(config.kernels))
     estimate = {f"obj/{name}.o": _build.unit_seconds(group) for name, group in groups.items()}
@@ -201,13 +202,13 @@ def test_build_tree(tmp_path):
     seconds = [estimate[obj] for obj in listed if obj != "obj/gemm_registry.o"]
     assert seconds == sorted(seconds, reverse=True) and len(seconds) == len(listed) - 1
     sm90_sizes = [len({k.base_unit for k in groups[obj[4:-2]]}) for obj in listed if obj.startswith("obj/sm90_")]
-    assert sm90_sizes == [5, 5, 5, 5, 5], sm90_sizes
+    assert sm90_sizes == [5, 5, 5, 5, 3, 2], sm90_sizes
     first_of = {kind: next(i for i, obj in enumerate(listed) if obj.startswith(kind))
                 for kind in ("obj/sm90_", "obj/elementwise_layer_norm_kernels", "obj/sm80_", "obj/simt_",
                              "obj/bindings_gemm.o", "obj/lowk_")}
     last_sm90 = max(i for i, obj in enumerate(listed) if obj.startswith("obj/sm90_"))
     assert first_of["obj/sm90_"] == 0 and first_of["obj/elementwise_layer_norm_kernels"] == 5
-    assert last_sm90 == 4
+    assert last_sm90 == 6
     assert first_of["obj/elementwise_layer_norm_kernels"] < first_of["obj/simt_"] < first_of["obj/sm80_"]
     assert first_of["obj/sm80_"] < first_of["obj/bindings_gemm.o"] < first_of["obj/lowk_"]
     assert "-D_GLIBCXX_USE_CXX11_ABI=1" in ninja and "-ltorch_python" in ninja
@@ -268,8 +269,32 @@ def test_units_group_base_units_of_one_class():
     assert list(one) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp"]
     source = _kernel_table.unit_source(one["sm90_16bit_kk_bias_act_128x128_1x2_pp"])
     assert "sm90_fp16_kk_bias_act_128x128_1x2_pp," in source and "sm90_bf16_" not in source
-    two = _kernel_table.translation_units(_kernel_table.select_kernels("sm90_fp16_kk_bias_act_128x128_1x"))
+    two = _kernel_table.translation_units(
+        _kernel_table.select_kernels("sm90_fp16_kk_bias_act_128x128_1x2_pp,sm90_fp16_kk_bias_act_128x128_2x1"))
     assert list(two) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp__2_units"]
+    # A stream-K kernel (which does not wait for the prior grid at its start) is a unit of its own.
+    apart = _kernel_table.translation_units(_kernel_table.select_kernels("sm90_fp16_kk_bias_act_128x128_1x"))
+    assert list(apart) == ["sm90_16bit_kk_bias_act_128x128_1x2_pp", "sm90_16bit_kk_bias_act_128x128_1x1_coop_sk"]
+
+
+def test_units_that_wait_for_the_prior_grid_at_their_start():
+    """Every Hopper unit but the extended-K and stream-K ones defines CUTLASS_ENABLE_GDC_FOR_SM90
+    (CUTLASS's kernels then wait for the prior grid at their start, and the binding launches them
+    as programmatic dependents); an extended-K kernel, whose mainloop waits only before its second
+    operand pair, or a stream-K one never shares a unit with them; other families never define it."""
+    kernels = _kernel_table.all_kernels()
+    assert any(k.ext_k for k in kernels) and any(k.waits_at_start for k in kernels)
+    for group in _kernel_table.translation_units(kernels).values():
+        source = _kernel_table.unit_source(group)
+        waits = {k.waits_at_start for k in group}
+        assert len(waits) == 1
+        assert ("#define CUTLASS_ENABLE_GDC_FOR_SM90\n" in source) == waits.pop()
+        if group[0].family == "sm90":
+            assert {k.ext_k or k.config.stream_k for k in group} == {group[0].unit_class.endswith("_no_start_wait")}
+            # The define precedes every header, so that CUTLASS's headers see it.
+            assert source.index("#include") > source.find("#define CUTLASS_ENABLE_GDC_FOR_SM90")
+        else:
+            assert not group[0].waits_at_start
 
 
 def test_selective_build_and_kernel_table():

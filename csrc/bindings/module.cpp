@@ -39,6 +39,9 @@ int gemm_active_clusters(const std::string& name) {
 // finish and LoRA's extended-K GEMMs) on or off; returns the previous setting.
 bool set_dependent_launch(bool enabled) { return dependent_launch_enabled().exchange(enabled); }
 
+// The same for the GEMMs that wait for the prior grid at their start (CUTLASS's sm90 kernels).
+bool set_gemm_dependent_launch(bool enabled) { return gemm_dependent_launch_enabled().exchange(enabled); }
+
 }  // namespace
 }  // namespace cutlass_ext
 
@@ -53,4 +56,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_tuning_entries", &cutlass_ext::tuning::entries);
   m.def("_clear_tuning", &cutlass_ext::tuning::clear);
   m.def("_set_dependent_launch", &cutlass_ext::set_dependent_launch);
+  m.def("_set_gemm_dependent_launch", &cutlass_ext::set_gemm_dependent_launch);
 }

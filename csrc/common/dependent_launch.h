@@ -9,6 +9,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include <cuda_runtime_api.h>
@@ -34,6 +36,19 @@ __device__ __forceinline__ void allow_dependent_launch() {
 // Off, the dependents launch the usual way (the benchmarks time both).
 inline std::atomic<bool>& dependent_launch_enabled() {
   static std::atomic<bool> enabled{true};
+  return enabled;
+}
+
+// Off, the GEMMs that wait for the prior grid at their start (CUTLASS's sm90 kernels compiled with
+// CUTLASS_ENABLE_GDC_FOR_SM90: gemm/launcher.cuh) launch the usual way while the other dependents
+// stay dependents (dependent_launch_enabled() off turns all of them off). On unless
+// CUTLASS_EXT_GEMM_DEPENDENT=0 (comparison runs; the benchmarks' plain_launch provider turns it
+// off per call).
+inline std::atomic<bool>& gemm_dependent_launch_enabled() {
+  static std::atomic<bool> enabled{[] {
+    const char* v = std::getenv("CUTLASS_EXT_GEMM_DEPENDENT");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }()};
   return enabled;
 }
 

@@ -55,7 +55,9 @@ struct GemmParams {
   int max_active_clusters = 0;
   // Launch as a programmatic dependent of the kernel before it on the stream, so that its launch
   // and set-up overlap that kernel's end. Honoured only by kernels that wait for the prior grid
-  // before their first global access (the extended-K kernels); others launch the usual way.
+  // before they read what it writes (CUTLASS's sm90 kernels at their start; the extended-K ones
+  // before their second operand pair, so only where the kernel before writes just that pair);
+  // others launch the usual way (gemm/launcher.cuh).
   bool dependent_launch = false;
 };
 

@@ -24,13 +24,27 @@ template <class T>
 struct IsCutlass3<T, std::void_t<typename T::GemmKernel::ProblemShape>> : std::true_type {};
 
 // Whether a kernel's mainloop waits for the grid before it before its first global load (the
-// extended-K mainloop, gemm/sm90_extk.cuh), so that it may be launched as a programmatic
-// dependent; CUTLASS's own mainloops here do not (their waits are compiled out).
+// extended-K mainloop, gemm/sm90_extk.cuh, which waits only before its second operand pair), so
+// that it may be launched as a programmatic dependent of the kernel that writes that pair.
 template <class T, class = void>
 struct WaitsForPriorGrid : std::false_type {};
 template <class T>
 struct WaitsForPriorGrid<T, std::void_t<decltype(T::kWaitsForPriorGrid)>>
     : std::bool_constant<T::kWaitsForPriorGrid> {};
+
+// Whether CUTLASS's own sm90 kernels in this unit wait for the prior grid at their start: units
+// that define CUTLASS_ENABLE_GDC_FOR_SM90 (every Hopper unit but the extended-K ones, whose mainloop
+// waits later: cutlass_ext/_kernel_table.py). Their producer warps execute griddepcontrol.wait
+// before their first global load, and their math warpgroups touch global memory (bias, D) only
+// after the loaded stages arrive, so such a kernel may follow any kernel as its programmatic
+// dependent: its launch and set-up (barriers, descriptor prefetch, cluster sync) overlap that
+// kernel's end. They also allow the next grid's launch as they start their last tile.
+// Internal linkage: the value is the unit's.
+#if defined(CUTLASS_ENABLE_GDC_FOR_SM90)
+constexpr bool kCutlassWaitsAtStart = true;
+#else
+constexpr bool kCutlassWaitsAtStart = false;
+#endif
 
 // A kernel needs its dynamic shared-memory limit raised once per device, not on every launch
 // (GemmUniversalAdapter::initialize would call cudaFuncSetAttribute each time).
@@ -110,8 +124,10 @@ int max_active_clusters() {
 }
 
 // `dependent`: launch as a programmatic dependent of the kernel before it on the stream. Honoured
-// only for kernels that wait for that grid before their first global access
-// (detail::WaitsForPriorGrid), where the device and the switch allow (common/dependent_launch.h).
+// only for kernels that wait for that grid before they read what it writes (detail::WaitsForPriorGrid,
+// detail::kCutlassWaitsAtStart), where the device and the switches allow (common/dependent_launch.h).
+// A kernel with a workspace (stream-K) launches the usual way: the workspace is zeroed on the stream
+// just before it, by a memset rather than a kernel.
 template <class Gemm>
 LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, cudaStream_t stream,
                          bool dependent = false) {
@@ -127,6 +143,9 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
     using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
     if constexpr (detail::WaitsForPriorGrid<typename Kernel::CollectiveMainloop>::value) {
       dependent = dependent && dependent_launch_active();
+    } else if constexpr (detail::kCutlassWaitsAtStart) {
+      dependent = dependent && dependent_launch_active() && gemm_dependent_launch_enabled().load() &&
+                  Kernel::get_workspace_size(args) == 0;
     } else {
       dependent = false;
     }

@@ -73,16 +73,30 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @contextlib.contextmanager
-def dependent_launch(enabled: bool):
-    """Within the block, the second kernels of split reductions (sum_partials, the rank pass's
-    finish) and LoRA's extended-K GEMMs (after the rank pass's finish) are launched as
-    programmatic dependents of the kernel before them (``True``, the default) or the usual way
-    (``False``); read as each kernel is launched or captured into a CUDA graph. For tests and
-    benchmarks of both paths; without the extension it changes nothing."""
+def _switch(setter: str, enabled: bool):
     ext = extension()
-    previous = ext._set_dependent_launch(enabled) if ext is not None else None
+    previous = getattr(ext, setter)(enabled) if ext is not None else None
     try:
         yield
     finally:
         if ext is not None:
-            ext._set_dependent_launch(previous)
+            getattr(ext, setter)(previous)
+
+
+def gemm_dependent_launch(enabled: bool):
+    """Within the block, the GEMMs that wait for the kernel before them at their start (CUTLASS's
+    Hopper kernels but the stream-K and extended-K ones) are launched as programmatic dependents of
+    that kernel (``True``, the default unless CUTLASS_EXT_GEMM_DEPENDENT=0), so that their launch
+    and set-up overlap its end, or the usual way (``False``). For tests and benchmarks of both
+    paths; without the extension it changes nothing."""
+    return _switch("_set_gemm_dependent_launch", enabled)
+
+
+def dependent_launch(enabled: bool):
+    """Within the block, the second kernels of split reductions (sum_partials, the rank pass's
+    finish), LoRA's extended-K GEMMs (after the rank pass's finish) and the GEMMs that
+    gemm_dependent_launch governs are launched as programmatic dependents of the kernel before
+    them (``True``, the default) or the usual way (``False``); read as each kernel is launched or
+    captured into a CUDA graph. For tests and benchmarks of both paths; without the extension it
+    changes nothing."""
+    return _switch("_set_dependent_launch", enabled)

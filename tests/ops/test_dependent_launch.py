@@ -1,10 +1,16 @@
 """The second kernels of split reductions (sum_partials after bias_act's backward, _act_grad and
 sum; the rank-r pass's finish in lora_linear) launched as programmatic dependents of the kernel
-that wrote their partials, and lora_linear's extended-K GEMMs as dependents of that finish: the
-same results as launched the usual way and as a float64 reference, back to back on one stream,
-on two streams at once, and replayed from CUDA graphs."""
+that wrote their partials, lora_linear's extended-K GEMMs as dependents of that finish, and the
+Hopper GEMMs that wait for the kernel before them at their start as its dependents: the same
+results as launched the usual way and as a float64 reference, back to back on one stream, on two
+streams at once, and replayed from CUDA graphs; a GEMM's output written over memory that the GEMM
+before it still reads."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -88,6 +94,31 @@ def _lora_case(tokens, d_in, d_out, r, second="rank_pass_finish"):
     return make, run, ref, second
 
 
+def _linear_chain_case(rows, width, dtype=torch.bfloat16):
+    """Two fused layers and their backward: every GEMM follows a kernel that writes what it reads
+    (the first layer's output, _act_grad's dZ)."""
+    def make():
+        return (rand(rows, width, dtype=dtype), rand(width, width, dtype=dtype) / width**0.5,
+                rand(width, dtype=dtype), rand(width, width, dtype=dtype) / width**0.5, rand(width, dtype=dtype),
+                rand(rows, width, dtype=dtype))
+
+    def run(x, w1, b1, w2, b2, dy):
+        x, w1, w2 = (t.detach().requires_grad_() for t in (x, w1, w2))
+        h = cutlass_ext.linear(x, w1.t(), b1, activation="gelu")
+        y = cutlass_ext.linear(h, w2.t(), b2, activation="relu")
+        y.backward(dy)
+        return y.detach(), x.grad, w1.grad, w2.grad
+
+    def ref(x, w1, b1, w2, b2, dy):
+        x64, w164, w264 = (t.detach().double().requires_grad_() for t in (x, w1, w2))
+        h = torch.nn.functional.gelu(x64 @ w164.T + b1.double())
+        y = torch.relu(h @ w264.T + b2.double())
+        y.backward(dy.double())
+        return y.detach(), x64.grad, w164.grad, w264.grad
+
+    return make, run, ref, "GemmUniversal"
+
+
 CASES = {
     "bias_act_relu_4096x128": _bias_act_case(4096, 128, "relu"),
     "bias_act_gelu_8192x1000": _bias_act_case(8192, 1000, "gelu"),
@@ -99,6 +130,9 @@ CASES = {
     # 256 output tiles of 128x128 a GEMM: the forward and dx take the extended-K kernels, launched
     # after the rank pass's finish.
     "lora_extk_2048x2048x2048_r16": _lora_case(2048, 2048, 2048, 16, second="ExtKMainloop"),
+    # 128 output tiles of 128x128 a layer (one round); the weight gradients over 2048 rows.
+    "linear_chain_2048x1024": _linear_chain_case(2048, 1024),
+    "linear_chain_fp16_512x4096": _linear_chain_case(512, 4096, torch.float16),
 }
 
 
@@ -126,8 +160,58 @@ def test_both_launches_match_the_reference(case):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("case", ["linear_chain_2048x1024", "lora_2048x1024x1024_r16"])
+def test_gemm_switch_alone(case):
+    """The GEMMs' own switch: with it off the other dependents stay, with the same results."""
+    make, run, _, _ = CASES[case]
+    args = make()
+    expected = run(*args)
+    with _runtime.gemm_dependent_launch(False):
+        for a, b in zip(expected, run(*args)):
+            assert torch.equal(a, b)
+
+
+# Each step reads t in a GEMM and then writes a same-sized output, which the caching allocator puts
+# in t's freed block, in the GEMM after it: a dependent that started writing before the GEMM before
+# it had finished reading would change u. Outputs are not poisoned here (a NaN fill between the two
+# GEMMs would order them), so the check runs in a process of its own.
+_WAR_SCRIPT = """
+import torch, cutlass_ext
+from cutlass_ext.ops import _runtime
+torch.manual_seed(0)
+x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+w1, w2, w3 = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(3))
+def step():
+    t = cutlass_ext.linear(x, w1.t())
+    block = t.data_ptr()
+    u = cutlass_ext.linear(t, w2.t())
+    del t
+    v = cutlass_ext.linear(u, w3.t())
+    return u, v, v.data_ptr() == block
+with _runtime.dependent_launch(False):
+    u0, v0, _ = step()
+reused = 0
+for _ in range(50):
+    u, v, same = step()
+    reused += same
+    assert torch.equal(u, u0) and torch.equal(v, v0)
+torch.cuda.synchronize()
+print("reused", reused)
+"""
+
+
+def test_gemm_output_over_what_the_gemm_before_reads():
+    env = dict(os.environ, CUTLASS_EXT_POISON_OUTPUTS="0")
+    result = subprocess.run([sys.executable, "-c", _WAR_SCRIPT], env=env, capture_output=True, text=True,
+                            timeout=1800)
+    assert result.returncode == 0, result.stderr[-4000:]
+    reused = int(result.stdout.split("reused")[-1])
+    assert reused > 0, result.stdout  # the hazard was set up: v took t's block
+
+
 @pytest.mark.parametrize(
-    "case", ["bias_act_relu_4096x128", "lora_2048x1024x1024_r16", "lora_extk_2048x2048x2048_r16"])
+    "case", ["bias_act_relu_4096x128", "lora_2048x1024x1024_r16", "lora_extk_2048x2048x2048_r16",
+             "linear_chain_2048x1024"])
 def test_two_streams_at_once(case):
     make, run, _, _ = CASES[case]
     inputs = [make(), make()]
@@ -147,7 +231,8 @@ def test_two_streams_at_once(case):
                 assert torch.equal(g, e)
 
 
-@pytest.mark.parametrize("case", ["bias_act_gelu_8192x1000", "sum_rows_65536x64", "lora_extk_2048x2048x2048_r16"])
+@pytest.mark.parametrize("case", ["bias_act_gelu_8192x1000", "sum_rows_65536x64", "lora_extk_2048x2048x2048_r16",
+                                  "linear_chain_fp16_512x4096"])
 def test_graph_replays(case):
     make, run, _, _ = CASES[case]
     args = make()
