@@ -341,8 +341,8 @@ COMPILE_SECONDS = {
     "source": 30.0,  # any other hand-written source
 }
 # A CUTLASS 3.x file's estimate by unit class: its first base unit, and each further one.
-CUTLASS3_FILE_SECONDS = {"sm90_16bit": (56.0, 30.0), "sm90_16bit_no_start_wait": (56.0, 30.0), "sm90_tf32": (57.0, 19.0),
-                         "sm90_tf32_no_start_wait": (57.0, 19.0)}
+CUTLASS3_FILE_SECONDS = {"sm90_16bit": (56.0, 30.0), "sm90_16bit_no_start_wait": (56.0, 30.0),
+                         "sm90_tf32": (57.0, 19.0), "sm90_tf32_no_start_wait": (57.0, 19.0)}
 
 
 def source_seconds(rel: str) -> float:

@@ -34,11 +34,12 @@ struct WaitsForPriorGrid<T, std::void_t<decltype(T::kWaitsForPriorGrid)>>
 
 // Whether CUTLASS's own sm90 kernels in this unit wait for the prior grid at their start: units
 // that define CUTLASS_ENABLE_GDC_FOR_SM90 (every Hopper unit but the extended-K ones, whose mainloop
-// waits later: cutlass_ext/_kernel_table.py). Their producer warps execute griddepcontrol.wait
-// before their first global load, and their math warpgroups touch global memory (bias, D) only
-// after the loaded stages arrive, so such a kernel may follow any kernel as its programmatic
-// dependent: its launch and set-up (barriers, descriptor prefetch, cluster sync) overlap that
-// kernel's end. They also allow the next grid's launch as they start their last tile.
+// waits later, and the stream-K ones: GemmKernel.waits_at_start in cutlass_ext/_kernel_table.py).
+// Their producer warps execute griddepcontrol.wait before their first global load, and their math
+// warpgroups touch global memory (bias, D) only after the loaded stages arrive, so such a kernel
+// may follow any kernel as its programmatic dependent: its launch and set-up (barriers, descriptor
+// prefetch, cluster sync) overlap that kernel's end. They also allow the next grid's launch as they
+// start their last tile.
 // Internal linkage: the value is the unit's.
 #if defined(CUTLASS_ENABLE_GDC_FOR_SM90)
 constexpr bool kCutlassWaitsAtStart = true;
@@ -126,8 +127,6 @@ int max_active_clusters() {
 // `dependent`: launch as a programmatic dependent of the kernel before it on the stream. Honoured
 // only for kernels that wait for that grid before they read what it writes (detail::WaitsForPriorGrid,
 // detail::kCutlassWaitsAtStart), where the device and the switches allow (common/dependent_launch.h).
-// A kernel with a workspace (stream-K) launches the usual way: the workspace is zeroed on the stream
-// just before it, by a memset rather than a kernel.
 template <class Gemm>
 LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, cudaStream_t stream,
                          bool dependent = false) {
@@ -144,8 +143,7 @@ LaunchResult launch_gemm(typename Gemm::Arguments const& args, void* workspace, 
     if constexpr (detail::WaitsForPriorGrid<typename Kernel::CollectiveMainloop>::value) {
       dependent = dependent && dependent_launch_active();
     } else if constexpr (detail::kCutlassWaitsAtStart) {
-      dependent = dependent && dependent_launch_active() && gemm_dependent_launch_enabled().load() &&
-                  Kernel::get_workspace_size(args) == 0;
+      dependent = dependent && dependent_launch_active() && gemm_dependent_launch_enabled().load();
     } else {
       dependent = false;
     }
