@@ -534,3 +534,20 @@ def test_few_column_kernel_takes_up_to_16_columns_in_fp32_over_few_rows(driver, 
 def test_narrow_kernel_takes_narrow_short_products(driver, rows, n, k, expected):
     assert ask(driver, f"narrow {rows} {n} {k}") == str(int(expected))
     assert narrow_kernel_takes(rows, k, n) == expected  # the GPU tests' model of the rule
+
+
+@pytest.mark.parametrize("tile_n, transposed, m, k, expected", [
+    (64, 1, 128, 4096, False),    # 128 x 4096 -> 4096 on the 64x64 transposed tile: two column tiles
+    (128, 1, 256, 11008, False),  # 256 rows on the 64x128 transposed tile over K = 11008
+    (32, 1, 33, 4096, False),     # the rows just past one 32-wide column tile
+    (128, 1, 128, 4096, True),    # one column tile (the 64x128 tile at 128 rows)
+    (16, 1, 16, 4096, True),      # decode rows on the 64x16 tile
+    (32, 1, 1024, 1024, True),    # 1024^3 on the 64x32 tile: K below kPlainLaunchMinK
+    (64, 1, 128, 4095, True),
+    (128, 0, 512, 4096, True),    # non-transposed tiles always
+])
+def test_dependent_launch_pays(driver, tile_n, transposed, m, k, expected):
+    """Transposed tiles whose column tiles split the caller's rows over K >= 4096 launch the usual
+    way (csrc/bindings/gemm_select.h: dependent_launch_pays); every other kernel that waits for the
+    prior grid at its start launches as its programmatic dependent."""
+    assert ask(driver, f"dependent {tile_n} {transposed} {m} {k}") == str(int(expected))

@@ -790,9 +790,9 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     q.b_stride_l = second.stride_l;
     if (e.stream_k) q.splits = split_k_factor(e, M, Np, Kp, L, q.sm_count, a.element_size());
     q.max_active_clusters = co_resident_clusters(e);
-    // Kernels that wait for the prior grid at their start may follow any kernel (the extended-K
-    // twin below waits later and is a dependent only where the caller says).
-    q.dependent_launch = true;
+    // Kernels that wait for the prior grid at their start may follow any kernel, where that pays
+    // (the extended-K twin below waits later and is a dependent only where the caller says).
+    q.dependent_launch = dependent_launch_pays(e, M, Kp);
     return q;
   };
   auto launch = [&](const GemmKernelEntry& e, const GemmParams& q) {

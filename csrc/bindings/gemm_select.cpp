@@ -658,6 +658,10 @@ int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t 
   return int(std::max<int64_t>(splits, 1));
 }
 
+bool dependent_launch_pays(const GemmKernelEntry& kernel, int64_t M, int64_t K) {
+  return !(kernel.transposed && M > kernel.tile_n && K >= kPlainLaunchMinK);
+}
+
 int k_slices(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int sms) {
   const int64_t tiles = output_tiles(kernel, M, N, 1);
   for (int64_t s = std::min<int64_t>(sms / std::max<int64_t>(tiles, 1), K / kMinSliceK); s >= 2; --s) {

@@ -87,6 +87,17 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
 int split_k_factor(const GemmKernelEntry& kernel, int64_t M, int64_t N, int64_t K, int64_t L, int sms,
                    int64_t element_size);
 
+// Whether `kernel`, where it waits for the prior grid at its start (CUTLASS's Hopper kernels but
+// the stream-K and extended-K ones), is launched as a programmatic dependent of the kernel before
+// it (GemmParams::dependent_launch) for a product of M rows (the caller's) over depth K. Not for a
+// transposed tile whose column tiles split the rows (M > tile_n, so that several CTAs stream each
+// weight tile) over K >= kPlainLaunchMinK: back to back on an H200 (bench/NOTES.md section 69)
+// those ran 0.83-0.98x the plain launch's speed (128 and 256 x 4096 -> 4096 and -> 11008 on the
+// 64x32, 64x64 and 64x128 tiles), where one column tile gained 1.09-1.14x (16 rows, 128 rows on the
+// 64x128 tile) and K = 1024 gained 1.09-1.16x on every tile (1024^3).
+constexpr int64_t kPlainLaunchMinK = 4096;
+bool dependent_launch_pays(const GemmKernelEntry& kernel, int64_t M, int64_t K);
+
 // Slices of K for a K-slices kernel (GemmKernelEntry::k_slices) on an M x N product of depth K:
 // the largest count that cuts K into equal slices (none reading past K) whose depth is a multiple
 // of kSliceAlignK (16 bytes of a 16-bit operand: a K-major operand's slices start aligned for

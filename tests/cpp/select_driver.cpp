@@ -16,6 +16,8 @@
 //     prints 1 where the few-column kernel is the heuristic's choice (gemv_chosen), else 0;
 //   narrow <rows> <N> <K>
 //     prints 1 where the narrow kernel is the heuristic's choice (narrow_chosen), else 0;
+//   dependent <tile_n> <transposed> <M> <K>
+//     prints 1 where a kernel of that tile launches as a programmatic dependent (dependent_launch_pays);
 //   reset
 //     clears the candidates and the extended-K kernels.
 #include <array>
@@ -121,6 +123,15 @@ int main() {
       e.tile_n = tile_n;
       e.k_slices = true;
       std::printf("%d\n", cutlass_ext::k_slices(e, M, N, K, sms));
+    } else if (what == "dependent") {
+      int tile_n, transposed;
+      long long M, K;
+      in >> tile_n >> transposed >> M >> K;
+      if (bad(bool(in), "dependent line")) return 1;
+      cutlass_ext::GemmKernelEntry e{};
+      e.tile_n = tile_n;
+      e.transposed = transposed != 0;
+      std::printf("%d\n", int(cutlass_ext::dependent_launch_pays(e, M, K)));
     } else if (what == "ffma") {
       int exact, in_place;
       long long K, outputs;
