@@ -65,12 +65,21 @@ def report(build: bool = False, list_kernels: bool = False) -> str:
     count = len({line.split("\t")[0] for line in tuned.read_text().splitlines() if "\t" in line}) if tuned.is_file() else 0
     lines.append(f"GEMM tuning table: {tuned} ({count} buckets); autotune (CUTLASS_EXT_AUTOTUNE): "
                  f"{'on' if os.environ.get('CUTLASS_EXT_AUTOTUNE') == '1' else 'off'}")
+    waiting = sum(k.waits_at_start for k in selected)
+    if os.environ.get("CUTLASS_EXT_GEMM_DEPENDENT") != "0":
+        lines.append(f"GEMM launch (CUTLASS_EXT_GEMM_DEPENDENT): on Hopper, {waiting} of the {len(selected)} kernels "
+                     "(CUTLASS's sm90 ones but the stream-K and extended-K kernels) wait for the kernel before them "
+                     "at their start and launch as its programmatic dependents, but transposed tiles that split "
+                     "the rows over K >= 4096")
+    else:
+        lines.append("GEMM launch (CUTLASS_EXT_GEMM_DEPENDENT): off, every GEMM launches the usual way")
     lines.append("GEMM configs:")
     for cfg in _kernel_table.all_configs():
         lines.append(f"  {cfg.name:24s} {cfg.use}")
     if list_kernels:
         lines.append("GEMM kernels in this build:")
-        lines += [f"  {k.name}" for k in selected]
+        lines += [f"  {k.name}" + ("  (waits for the kernel before it at its start)" if k.waits_at_start else "")
+                  for k in selected]
     return "\n".join(lines)
 
 
