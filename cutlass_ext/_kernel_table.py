@@ -353,8 +353,9 @@ class GemmKernel:
     @property
     def waits_at_start(self) -> bool:
         """Whether the kernel waits for the grid before it at its start (CUTLASS's sm90 kernels with
-        CUTLASS_ENABLE_GDC_FOR_SM90), so that it is launched as a programmatic dependent of any
-        kernel: every Hopper kernel but
+        CUTLASS_ENABLE_GDC_FOR_SM90), so that the binding may launch it as a programmatic dependent
+        of any kernel (where dependent_launch_pays in csrc/bindings/gemm_select.h): every Hopper
+        kernel but
         - the extended-K ones, whose mainloop starts on its first operand pair while the kernel
           before it (LoRA's rank pass finish) writes the second, and waits only before that pair
           (gemm/sm90_extk.cuh);
