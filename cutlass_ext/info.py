@@ -69,8 +69,8 @@ def report(build: bool = False, list_kernels: bool = False) -> str:
     if os.environ.get("CUTLASS_EXT_GEMM_DEPENDENT") != "0":
         lines.append(f"GEMM launch (CUTLASS_EXT_GEMM_DEPENDENT): on Hopper, {waiting} of the {len(selected)} kernels "
                      "(CUTLASS's sm90 ones but the stream-K and extended-K kernels) wait for the kernel before them "
-                     "at their start and launch as its programmatic dependents, but transposed tiles that split "
-                     "the rows over K >= 4096")
+                     "at their start and launch as its programmatic dependents where the binding's rule takes them "
+                     "(dependent_launch_pays in csrc/bindings/gemm_select.h)")
     else:
         lines.append("GEMM launch (CUTLASS_EXT_GEMM_DEPENDENT): off, every GEMM launches the usual way")
     lines.append("GEMM configs:")
