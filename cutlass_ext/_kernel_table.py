@@ -389,7 +389,9 @@ class GemmKernel:
         element, size, _, _ = DTYPES[self.dtype]
         cfg = self.config
         if self.hand_written:
-            return (f"using {self.name}_bundle = ::cutlass_ext::{self.family}::GemmBundle<{element}>;\n"
+            # The short-K kernel's C-reading epilogue is a bundle of its own (gemm/lowk_gemm.cuh).
+            args = f"{element}, {str(self.with_c).lower()}" if self.family == "lowk" else element
+            return (f"using {self.name}_bundle = ::cutlass_ext::{self.family}::GemmBundle<{args}>;\n"
                     f"CUTLASS_EXT_DEFINE_DIRECT_GEMM({self.name}, {self.name}_bundle)\n")
         if self.family == "sm90":
             tile_k = cfg.tile_k_bytes // size

@@ -298,6 +298,17 @@ def test_units_that_wait_for_the_prior_grid_at_their_start():
             assert not group[0].waits_at_start
 
 
+def test_short_k_units_instantiate_the_epilogue_of_their_source():
+    """The short-K kernels that add beta * C are the bundle's with-C twin (the fp32 staging
+    epilogue); the others its warp-staged one, which takes no C."""
+    lowk = [k for k in _kernel_table.all_kernels() if k.family == "lowk"]
+    assert {k.with_c for k in lowk} == {False, True}
+    for kernel in lowk:
+        element = "cutlass::half_t" if kernel.dtype == "fp16" else "cutlass::bfloat16_t"
+        expected = f"::cutlass_ext::lowk::GemmBundle<{element}, {str(kernel.with_c).lower()}>;"
+        assert expected in kernel.definition(), kernel.definition()
+
+
 def test_selective_build_and_kernel_table():
     names = [k.name for k in _kernel_table.all_kernels()]
     assert len(names) == len(set(names))

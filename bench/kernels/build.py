@@ -1,10 +1,10 @@
 """Builds the kernel-level benchmarks of bench/kernels (README.md there) with nvcc, no torch needed:
 
-    python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|layer_norm_forward|streaming|fewrows|column_sums]
+    python bench/kernels/build.py [--jobs N] [--only gemm|layer_norm|layer_norm_forward|streaming|fewrows|lowk|column_sums]
                                   [--variants a,...] [--out DIR]
 
 writes gemm_variants (one translation unit per GEMM variant, compiled in parallel),
-layer_norm_rows, layer_norm_forward, streaming_add, fewrows_shapes and column_sums, for sm_90a,
+layer_norm_rows, layer_norm_forward, streaming_add, fewrows_shapes, lowk_shapes and column_sums, for sm_90a,
 to --out (default bench/kernels/build).
 CUTLASS and nvcc are found the way the package's own build finds them (CUTLASS_PATH, the
 nvidia-cutlass wheel; CUDA_HOME, PATH).
@@ -129,6 +129,7 @@ PROGRAMS = {
     "layer_norm_forward": ("layer_norm_forward", [HERE / "layer_norm_forward.cu"]),
     "streaming": ("streaming_add", [HERE / "streaming_add.cu"]),
     "fewrows": ("fewrows_shapes", [HERE / "fewrows_shapes.cu"]),
+    "lowk": ("lowk_shapes", [HERE / "lowk_shapes.cu"]),
     # The harness with the package's reduction kernels linked in.
     "column_sums": ("column_sums", [HERE / "column_sums.cu", REPO / "csrc" / "elementwise" / "reduce_kernels.cu"]),
 }
@@ -136,7 +137,7 @@ PROGRAMS = {
 
 def build_program(nvcc: list[str], out: Path, name: str, sources: list[Path]) -> Path:
     binary = out / name
-    run([*nvcc, "-cudart", "static", *[str(s) for s in sources], "-o", str(binary)])
+    run([*nvcc, "-cudart", "static", *[str(s) for s in sources], "-ldl", "-o", str(binary)])
     return binary
 
 

@@ -552,6 +552,7 @@ std::tuple<at::Tensor, at::Tensor> gemm_op(const at::Tensor& a, const at::Tensor
     p.alpha = extra.alpha;
     p.device = a.device().index();
     p.sm_count = sm_count(p.device);
+    p.raster = opts.raster;  // the short-K kernel's walk (gemm/lowk_gemm.cuh)
     return p;
   };
 

@@ -102,6 +102,18 @@ __device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
   }
 }
 
+// Two fp32 values as one 32-bit word of a 16-bit type (the first in the low half), rounded as T's
+// conversion rounds.
+template <class T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  static_assert(sizeof(T) == 2, "pack_pair packs 16-bit types");
+  const T a(lo), b(hi);
+  uint16_t ua, ub;
+  memcpy(&ua, &a, 2);
+  memcpy(&ub, &b, 2);
+  return uint32_t(ua) | uint32_t(ub) << 16;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -2,15 +2,18 @@
 //   D = act(alpha * A B + beta * C + bias), optionally Aux = the pre-activation; 16-bit types.
 // With K <= 64 each output element costs at most 64 multiply-adds but 2-3 memory accesses (C read,
 // D written), so the kernel is a stream over C and D. Persistent blocks (as many as fit the SMs)
-// each walk a contiguous range of 64x128 output tiles, M fastest. While a tile is multiplied and
-// written, the next tile's A (and C) tiles are already on their way into shared memory by
-// cp.async, so a block never waits on a load between tiles; the B tile is reloaded only when the
-// range crosses into the next column of tiles. Operands are copied in their own layout with
-// 16-byte accesses (a contiguous operand whose rows are not 16-byte pieces, such as a 13-feature
-// input layer's X, as one run of pieces that is then spread in shared memory; other unaligned
-// ones element by element) and fed to mma.sync (m16n8k16, fp32 accumulation) by ldmatrix,
-// transposing M- or N-major tiles on the way (.trans). The fp32 tile is staged through shared
-// memory and written with 16-byte accesses.
+// each walk either a contiguous range of 64x128 output tiles, M fastest, or one column of tiles
+// striped across the wave (striped_stride). While a tile is multiplied and written, the next
+// tile's A (and C) tiles, and without C the one after too, are already on their way into shared
+// memory by cp.async, so a block does not wait on a load between tiles; the B tile is reloaded
+// only when the block's walk enters the next column of tiles (or batch). Operands are copied in
+// their own layout with 16-byte accesses (a contiguous operand whose rows are not 16-byte pieces,
+// such as a 13-feature input layer's X, as one run of pieces that is then spread in shared
+// memory; other unaligned ones element by element) and fed to mma.sync (m16n8k16, fp32
+// accumulation) by ldmatrix, transposing M- or N-major tiles on the way (.trans). Without C, each
+// warp converts its finished 16x64 piece to 16 bits in registers, stages it in a shared tile of
+// its own by stmatrix and writes it with 16-byte accesses (no block barrier). With C, the fp32
+// tile is staged through shared memory beside the C tile and written with 16-byte accesses.
 #pragma once
 
 #include <algorithm>
@@ -29,6 +32,17 @@ namespace cutlass_ext::lowk {
 
 constexpr int kTileM = 64, kTileN = 128, kMaxK = 64;
 constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N, 32x32 outputs each
+constexpr int kWarps = kThreads / 32;
+// The warps over a tile: with C 2 along M x 4 along N (32x32 pieces, staged as one fp32 tile);
+// without C 4 x 2 (16x64 pieces, each staged by its warp), so that a warp's 16-byte stores write
+// whole 128-byte lines of D, four rows an instruction (32x32 pieces, eight 64-byte row pieces an
+// instruction, ran 1.3x slower: H200, 11008 x 4096 x 16, bench/kernels/lowk_shapes).
+template <bool kWithC>
+struct WarpLayout {
+  static constexpr int kAlongM = kWithC ? 2 : 4, kAlongN = kWarps / kAlongM;
+  static constexpr int kRows = kTileM / kAlongM, kCols = kTileN / kAlongN;
+  static constexpr int kMI = kRows / 16, kNJ = kCols / 8;  // mma tiles of 16x8
+};
 constexpr int kVec = 8;        // 16-bit elements per 16-byte access
 // Shared operand tiles, each in its operand's own layout, rows padded by one 16-byte piece so
 // that the eight rows an ldmatrix phase reads start on distinct banks.
@@ -36,17 +50,35 @@ constexpr int kKRow = kMaxK + kVec;   // K-major tiles: [line][k]
 constexpr int kARow = kTileM + kVec;  // M-major A tiles: [k][m]
 constexpr int kBRow = kTileN + kVec;  // N-major B tiles: [k][n]
 constexpr int kAccRow = kTileN + 8;   // fp32 staging rows
+// A warp's 16-bit staging tile (no C): rows of 144 bytes, so that the eight rows of an stmatrix
+// phase, and the eight 16-byte pieces of a row that a read phase takes, fall on distinct banks.
+constexpr int kStageRow = WarpLayout<false>::kCols + kVec;
+constexpr int kWarpStageElems = WarpLayout<false>::kRows * kStageRow;
 constexpr int kAElems = kTileM * kKRow > kMaxK * kARow ? kTileM * kKRow : kMaxK * kARow;
 constexpr int kBElems = kTileN * kKRow > kMaxK * kBRow ? kTileN * kKRow : kMaxK * kBRow;
 constexpr int kCElems = kTileM * kTileN;
-// Dynamic shared memory: the fp32 staging tile, the B tile, two A tiles, the bias of B's columns,
-// (with C) two C tiles and (with a packed A, below) two A tiles as they lie in memory.
-constexpr int kBOffset = kTileM * kAccRow * 4;
-constexpr int kAOffset = kBOffset + kBElems * 2;
-constexpr int kBiasOffset = kAOffset + 2 * kAElems * 2;
-constexpr int kCOffset = kBiasOffset + kTileN * 2;
-constexpr int kSharedBytesNoC = kCOffset;
-constexpr int kSharedBytesWithC = kCOffset + 2 * kCElems * 2;
+// Tiles of A (and C) in flight: the next one (with C), or the next two (without C, whose tiles
+// are shorter: at one tile ahead a block waited on each tile's loads).
+__host__ __device__ constexpr int a_stages(bool with_c) { return with_c ? 2 : 3; }
+// Dynamic shared memory: the staging space (with C the fp32 tile, without it the warps' 16-bit
+// tiles), the B tile, a_stages A tiles, the bias of B's columns, (with C) two C tiles and (with a
+// packed A, below) a_stages A tiles as they lie in memory. The staging space also holds a packed
+// B's raw tile (kTileN lines of up to kMaxK elements) while B is copied and spread.
+__host__ __device__ constexpr int stage_bytes(bool with_c) {
+  return with_c ? kTileM * kAccRow * 4
+                : (kWarps * kWarpStageElems * 2 > kTileN * kMaxK * 2 ? kWarps * kWarpStageElems * 2
+                                                                     : kTileN * kMaxK * 2);
+}
+__host__ __device__ constexpr int b_offset(bool with_c) { return stage_bytes(with_c); }
+__host__ __device__ constexpr int a_offset(bool with_c) { return b_offset(with_c) + kBElems * 2; }
+__host__ __device__ constexpr int bias_offset(bool with_c) {
+  return a_offset(with_c) + a_stages(with_c) * kAElems * 2;
+}
+__host__ __device__ constexpr int c_offset(bool with_c) { return bias_offset(with_c) + kTileN * 2; }
+// Bytes before the packed A's raw tiles: the C tiles only where C is read.
+__host__ __device__ constexpr int shared_bytes(bool with_c, bool reads_c) {
+  return c_offset(with_c) + (reads_c ? 2 * kCElems * 2 : 0);
+}
 
 // How a block copies its operand tiles: all in 16-byte pieces in their own layout (kVector);
 // a packed operand (below) copied as one contiguous run of 16-byte pieces and spread into the
@@ -157,12 +189,23 @@ __device__ __forceinline__ void spread_packed(T* dst, const T* raw, int valid_li
   }
 }
 
-// An output tile: batch l, row tile and column tile, walked M fastest, then N, then L. A block
-// divides once, for its first tile, and steps from there: ncu showed the kernel issue-bound
-// (an instruction issued on 72% of cycles) when every tile's position came from 64-bit divisions.
+// An output tile: batch l, row tile and column tile. A block walks either a contiguous range of
+// tiles, M fastest, then N, then L (stride 0), or, striped, one column of tiles, every stride-th
+// row tile from its first, on into the next batch (so that the blocks running at once write
+// neighbouring tiles of the same rows). A block divides once, for its first tile, and steps from
+// there: ncu showed the kernel issue-bound (an instruction issued on 72% of cycles) when every
+// tile's position came from 64-bit divisions.
 struct TileCursor {
   int l, m_tile, n_tile;
-  __device__ __forceinline__ void next(int tiles_m, int tiles_n) {
+  __device__ __forceinline__ void next(int tiles_m, int tiles_n, int stride) {
+    if (stride > 0) {
+      m_tile += stride;
+      while (m_tile >= tiles_m) {
+        m_tile -= tiles_m;
+        ++l;
+      }
+      return;
+    }
     if (++m_tile == tiles_m) {
       m_tile = 0;
       if (++n_tile == tiles_n) {
@@ -177,42 +220,50 @@ struct TileCursor {
 // (a run-time switch over all of them, unrolled over the epilogue, overflowed the instruction
 // cache: 36% of the stalls on an H200). kCopy: how the operand tiles are copied (kVector,
 // kPacked or kElementwise, each its own instantiation: compiled into every kernel, the element-wise
-// path made ptxas spill at 80 registers).
-template <class T, int kAct, int kCopy>
+// path made ptxas spill at 80 registers). kWithC: the kernel reads C (the fp32 staging epilogue;
+// its kernels also run products without C), else the warps' own 16-bit staging (p.C is ignored).
+template <class T, int kAct, int kCopy, bool kWithC>
 __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
     lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major, bool a_vector, bool b_vector, bool a_packed,
-                     bool b_packed) {
+                     bool b_packed, int stride) {
   constexpr bool kByElement = kCopy == kElementwise;
   extern __shared__ __align__(16) unsigned char shared[];
   auto staged = reinterpret_cast<float (*)[kAccRow]>(shared);
-  T* const b_tile = reinterpret_cast<T*>(shared + kBOffset);
-  T* const a_tiles = reinterpret_cast<T*>(shared + kAOffset);
-  T* const c_tiles = reinterpret_cast<T*>(shared + kCOffset);
-  T* const bias_tile = reinterpret_cast<T*>(shared + kBiasOffset);
-  // Raw tiles of packed operands: B's in the staging tile's space (B is copied and spread
-  // between a tile's epilogue and the next product, when the staging tile is free), A's two
-  // after everything else.
+  T* const b_tile = reinterpret_cast<T*>(shared + b_offset(kWithC));
+  T* const a_tiles = reinterpret_cast<T*>(shared + a_offset(kWithC));
+  T* const c_tiles = reinterpret_cast<T*>(shared + c_offset(kWithC));
+  T* const bias_tile = reinterpret_cast<T*>(shared + bias_offset(kWithC));
+  // Raw tiles of packed operands: B's in the staging space (B is copied and spread between a
+  // tile's epilogue and the next product, when the staging space is free), A's a_stages after
+  // everything else.
   T* const b_raw = reinterpret_cast<T*>(shared);
-  T* const a_raws = reinterpret_cast<T*>(shared + (p.C != nullptr ? kSharedBytesWithC : kSharedBytesNoC));
+  T* const a_raws = reinterpret_cast<T*>(shared + shared_bytes(kWithC, kWithC && p.C != nullptr));
   const bool a_spread = kCopy == kPacked && a_packed, b_spread = kCopy == kPacked && b_packed;
 
   const int tiles_m = (p.M + kTileM - 1) / kTileM, tiles_n = (p.N + kTileN - 1) / kTileN;
-  const int64_t per_batch = int64_t(tiles_m) * tiles_n, total = per_batch * p.L;
-  const int64_t begin = total * blockIdx.x / gridDim.x, end = total * (blockIdx.x + 1) / gridDim.x;
-  if (begin >= end) return;
   TileCursor tile;
-  {
+  int count;  // a block's tiles (run() takes fewer than 2^31 in all)
+  if (stride > 0) {  // striped: stride x tiles_n blocks
+    const int first = int(blockIdx.x) / tiles_n, rows = tiles_m * p.L;
+    if (first >= rows) return;
+    count = (rows - 1 - first) / stride + 1;
+    tile = {first / tiles_m, first % tiles_m, int(blockIdx.x) % tiles_n};
+  } else {
+    const int64_t per_batch = int64_t(tiles_m) * tiles_n, total = per_batch * p.L;
+    const int64_t begin = total * blockIdx.x / gridDim.x, end = total * (blockIdx.x + 1) / gridDim.x;
+    if (begin >= end) return;
     const int64_t l = begin / per_batch, rest = begin - l * per_batch;
     tile = {int(l), int(rest % tiles_m), int(rest / tiles_m)};
+    count = int(end - begin);
   }
   const int k_pad = (p.K + 15) / 16 * 16;
-  const T* const C = static_cast<const T*>(p.C);
+  const T* const C = kWithC ? static_cast<const T*>(p.C) : nullptr;
   // Epilogue accesses of this thread: rows e_row + 16 * pass, columns e_col .. e_col + 7.
   const int e_col = (threadIdx.x % kLanesPerRow) * kVec;
   const int e_row = threadIdx.x / kLanesPerRow;
 
   // Starts the copies of tile t's A tile and C tile (this thread's own epilogue pieces) into
-  // buffer `buf`, as one commit group.
+  // buffer `buf` (the caller closes the commit group).
   auto copy_a_and_c = [&](TileCursor const& at, int buf) {
     const int64_t l = at.l;
     const int m0 = at.m_tile * kTileM, n0 = at.n_tile * kTileN;
@@ -233,7 +284,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
         }
       }
     }
-    cp_async_commit();
   };
   auto copy_b = [&](int64_t l, int n0) {
     const T* B = static_cast<const T*>(p.B) + l * p.b_stride_l + int64_t(n0) * p.b_stride_n;
@@ -254,21 +304,31 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
     }
   };
 
+  // B with the first tile's A, then the A tiles ahead: one commit group a tile (empty past the
+  // block's last), so that "tile `step` landed" is always "at most kStages - 2 groups pending".
+  constexpr int kStages = a_stages(kWithC);
   int b_l = tile.l, b_n0 = tile.n_tile * kTileN;
   copy_b(b_l, b_n0);
-  copy_a_and_c(tile, 0);
+  TileCursor ahead = tile;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < count) copy_a_and_c(ahead, s);
+    cp_async_commit();
+    ahead.next(tiles_m, tiles_n, stride);
+  }
 
   // ldmatrix rows of this lane: lane l addresses row l % 8 of matrix l / 8.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wm = warp / 4, wn = warp % 4, q_lo = (lane >> 3) & 1, q_hi = lane >> 4, row8 = lane & 7;
-  const int count = int(end - begin);  // a block's tiles (run() takes fewer than 2^31 in all)
-  for (int step = 0; step < count; ++step, tile.next(tiles_m, tiles_n)) {
-    const int buf = step & 1;
+  const int wm = warp / WarpLayout<kWithC>::kAlongN, wn = warp % WarpLayout<kWithC>::kAlongN;
+  const int q_lo = (lane >> 3) & 1, q_hi = lane >> 4, row8 = lane & 7;
+  for (int step = 0; step < count; ++step, tile.next(tiles_m, tiles_n, stride)) {
+    const int buf = step % kStages;
     const int64_t l = tile.l;
     const int m0 = tile.m_tile * kTileM, n0 = tile.n_tile * kTileN;
     // This tile's copies have landed, and every thread is past the previous tile (its multiply
-    // read the other A buffer and the B tile, its epilogue the staging tile and the other C buffer).
-    cp_async_wait_all();
+    // read the A buffer refilled below and the B tile, its epilogue the staging space and the C
+    // buffer refilled below).
+    cp_async_wait_pending<kStages - 2>();
     __syncthreads();
     bool b_landed = step == 0;
     if (l != b_l || n0 != b_n0) {  // the range moved on to the next column of tiles
@@ -287,29 +347,30 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
       }
       __syncthreads();
     }
-    if (step + 1 < count) {
-      TileCursor following = tile;
-      following.next(tiles_m, tiles_n);
-      copy_a_and_c(following, buf ^ 1);
-    }
+    if (step + kStages - 1 < count) copy_a_and_c(ahead, (step + kStages - 1) % kStages);
+    cp_async_commit();
+    ahead.next(tiles_m, tiles_n, stride);
 
-    // Warp (wm, wn) owns rows 32 wm .. +32 and columns 32 wn .. +32: 2 x 4 mma tiles of 16x8.
-    // Fragments by ldmatrix: K-major tiles as stored, MN-major ones transposed.
+    // Warp (wm, wn) owns rows kRows wm .. +kRows and columns kCols wn .. +kCols: kMI x kNJ mma
+    // tiles of 16x8. Fragments by ldmatrix: K-major tiles as stored, MN-major ones transposed.
+    using Warps = WarpLayout<kWithC>;
+    constexpr int kMI = Warps::kMI, kNJ = Warps::kNJ;
+    const int warp_row = wm * Warps::kRows, warp_col = wn * Warps::kCols;
     const T* a_tile = a_tiles + buf * kAElems;
-    float acc[2][4][4] = {};
+    float acc[kMI][kNJ][4] = {};
 #pragma unroll 1
     for (int k0 = 0; k0 < k_pad; k0 += 16) {
-      uint32_t a[2][4], b[4][2];
+      uint32_t a[kMI][4], b[kNJ][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int m = wm * 32 + i * 16;
+      for (int i = 0; i < kMI; ++i) {
+        const int m = warp_row + i * 16;
         const T* row = a_k_major ? a_tile + (m + row8 + 8 * q_lo) * kKRow + k0 + 8 * q_hi
                                  : a_tile + (k0 + row8 + 8 * q_hi) * kARow + m + 8 * q_lo;
         ldmatrix_x4(a[i], row, !a_k_major);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int n = wn * 32 + j * 16;
+      for (int j = 0; j < kNJ / 2; ++j) {
+        const int n = warp_col + j * 16;
         const T* row = b_k_major ? b_tile + (n + row8 + 8 * q_hi) * kKRow + k0 + 8 * q_lo
                                  : b_tile + (k0 + row8 + 8 * q_lo) * kBRow + n + 8 * q_hi;
         uint32_t r[4];
@@ -320,67 +381,152 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
         b[2 * j + 1][1] = r[3];
       }
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < kMI; ++i) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma_16816<T>(acc[i][j], a[i], b[j]);
+        for (int j = 0; j < kNJ; ++j) mma_16816<T>(acc[i][j], a[i], b[j]);
       }
     }
     const int g = lane >> 2, tq = lane & 3;
+    if constexpr (!kWithC) {
+      // Lane (g, tq) holds rows 16 i + g (+ 8) and columns 8 j + 2 tq (+ 1) of the warp's piece.
+      // Its bias: from the tile copied with B, or (vector path) from memory, zero past N.
+      float bias[kNJ][2] = {};
+      if (kCopy != kVector || p.bias != nullptr) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = wm * 32 + i * 16 + g, c = wn * 32 + j * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(&staged[r][c]) = make_float2(acc[i][j][0], acc[i][j][1]);
-        *reinterpret_cast<float2*>(&staged[r + 8][c]) = make_float2(acc[i][j][2], acc[i][j][3]);
-      }
-    }
-    __syncthreads();
-
-    const int rows = min(kTileM, p.M - m0), cols = min(kTileN, p.N - n0);
-    if (e_col < cols) {
-      float bias[kVec] = {};
-      if (kCopy != kVector) {
-        load_vec<T, kVec>(bias_tile + e_col, bias);
-      } else if (p.bias != nullptr) {
-        load_vec<T, kVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
-      }
-      const float alpha = p.alpha, beta = p.beta;
-      const bool odd_first = (threadIdx.x >> 2) & 1;
-      // Row pointers stepped per pass (the aux one only when there is an aux output).
-      const bool has_aux = p.aux != nullptr;
-      T* d_row = static_cast<T*>(p.D) + l * p.d_stride_l + int64_t(m0 + e_row) * p.d_stride_m + n0 + e_col;
-      T* aux_row = has_aux ? static_cast<T*>(p.aux) + l * p.aux_stride_l + int64_t(m0 + e_row) * p.aux_stride_m +
-                                 n0 + e_col
-                           : nullptr;
-      const int64_t d_step = int64_t(kRowsPerPass) * p.d_stride_m;
-      const int64_t aux_step = has_aux ? int64_t(kRowsPerPass) * p.aux_stride_m : 0;
-      const T* c_src = c_tiles + buf * kCElems + e_row * kTileN + e_col;
-#pragma unroll
-      for (int i = 0; i < kPasses; ++i, d_row += d_step, aux_row += aux_step) {
-        const int r = e_row + i * kRowsPerPass;
-        if (r >= rows) break;
-        const float4* sums4 = reinterpret_cast<const float4*>(&staged[r][e_col]);
-        const float4 first = sums4[odd_first ? 1 : 0], second = sums4[odd_first ? 0 : 1];
-        const float4 lo = odd_first ? second : first, hi = odd_first ? first : second;
-        const float sums[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        float v[kVec], y[kVec];
-        Pack<T, kVec> c_piece;
-        if (C != nullptr) c_piece = load_pack<T, kVec>(c_src + i * kRowsPerPass * kTileN);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          v[j] = alpha * sums[j] + bias[j];
-          if (C != nullptr) v[j] += beta * float(c_piece.v[j]);
-          y[j] = act::forward_for<T>(kAct, v[j]);
+        for (int j = 0; j < kNJ; ++j) {
+          const int c = warp_col + 8 * j + 2 * tq;
+          if (kCopy != kVector) {
+            bias[j][0] = float(bias_tile[c]);
+            bias[j][1] = float(bias_tile[c + 1]);
+          } else if (n0 + c < p.N) {
+            const T* b = static_cast<const T*>(p.bias) + n0 + c;
+            bias[j][0] = float(b[0]);
+            bias[j][1] = float(b[1]);
+          }
         }
-        if (has_aux) store_vec<T, kVec>(aux_row, v);
-        store_vec<T, kVec>(d_row, y);
+      }
+      T* const stage = reinterpret_cast<T*>(shared) + warp * kWarpStageElems;
+      // stmatrix rows of this lane: row l % 8 of matrix l / 8, the matrices being (top, bottom)
+      // halves of two adjacent 8-column tiles.
+      T* const st_row = stage + (8 * q_lo + row8) * kStageRow + 8 * q_hi;
+      // 16-byte reads of the staged piece: lane l takes piece l % 8 of row l / 8 (+ 4 per pass).
+      constexpr int kPieces = Warps::kCols / kVec, kRowsPerRead = 32 / kPieces;
+      const int r_row = lane / kPieces, r_col = kVec * (lane % kPieces);
+      const int rows = min(kTileM, p.M - m0) - warp_row;
+      const bool col_ok = warp_col + r_col < min(kTileN, p.N - n0);
+      const float alpha = p.alpha;
+      auto write_piece = [&](T* out, int64_t stride_m, bool pre_activation) {
+        // Two adjacent 8-column tiles at a time: their four 8x8 halves are one stmatrix.
+#pragma unroll
+        for (int i = 0; i < kMI; ++i) {
+#pragma unroll
+          for (int jp = 0; jp < kNJ / 2; ++jp) {
+            uint32_t r[4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = 2 * jp + h;
+              float v[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                v[e] = alpha * acc[i][j][e] + bias[j][e & 1];
+                if (!pre_activation) v[e] = act::forward_for<T>(kAct, v[e]);
+              }
+              r[2 * h] = pack_pair<T>(v[0], v[1]);
+              r[2 * h + 1] = pack_pair<T>(v[2], v[3]);
+            }
+            stmatrix_x4(st_row + 16 * i * kStageRow + 16 * jp, r);
+          }
+        }
+        __syncwarp();
+        // One 64-bit step a pass (per-pass products of 64-bit strides cost ~10 instructions a store).
+        T* dst = out + l * (pre_activation ? p.aux_stride_l : p.d_stride_l) +
+                 int64_t(m0 + warp_row + r_row) * stride_m + n0 + warp_col + r_col;
+        const int64_t step = kRowsPerRead * stride_m;
+        const T* src = stage + r_row * kStageRow + r_col;
+#pragma unroll
+        for (int pass = 0; pass < Warps::kRows / kRowsPerRead;
+             ++pass, dst += step, src += kRowsPerRead * kStageRow) {
+          if (col_ok && r_row + kRowsPerRead * pass < rows) {
+            store_pack<T, kVec>(dst, *reinterpret_cast<const Pack<T, kVec>*>(src));
+          }
+        }
+        __syncwarp();
+      };
+      if (p.aux != nullptr) write_piece(static_cast<T*>(p.aux), p.aux_stride_m, true);
+      write_piece(static_cast<T*>(p.D), p.d_stride_m, false);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kMI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+          const int r = warp_row + i * 16 + g, c = warp_col + j * 8 + 2 * tq;
+          *reinterpret_cast<float2*>(&staged[r][c]) = make_float2(acc[i][j][0], acc[i][j][1]);
+          *reinterpret_cast<float2*>(&staged[r + 8][c]) = make_float2(acc[i][j][2], acc[i][j][3]);
+        }
+      }
+      __syncthreads();
+
+      const int rows = min(kTileM, p.M - m0), cols = min(kTileN, p.N - n0);
+      if (e_col < cols) {
+        float bias[kVec] = {};
+        if (kCopy != kVector) {
+          load_vec<T, kVec>(bias_tile + e_col, bias);
+        } else if (p.bias != nullptr) {
+          load_vec<T, kVec>(static_cast<const T*>(p.bias) + n0 + e_col, bias);
+        }
+        const float alpha = p.alpha, beta = p.beta;
+        const bool odd_first = (threadIdx.x >> 2) & 1;
+        // Row pointers stepped per pass (the aux one only when there is an aux output).
+        const bool has_aux = p.aux != nullptr;
+        T* d_row = static_cast<T*>(p.D) + l * p.d_stride_l + int64_t(m0 + e_row) * p.d_stride_m + n0 + e_col;
+        T* aux_row = has_aux ? static_cast<T*>(p.aux) + l * p.aux_stride_l + int64_t(m0 + e_row) * p.aux_stride_m +
+                                   n0 + e_col
+                             : nullptr;
+        const int64_t d_step = int64_t(kRowsPerPass) * p.d_stride_m;
+        const int64_t aux_step = has_aux ? int64_t(kRowsPerPass) * p.aux_stride_m : 0;
+        const T* c_src = c_tiles + buf * kCElems + e_row * kTileN + e_col;
+#pragma unroll
+        for (int i = 0; i < kPasses; ++i, d_row += d_step, aux_row += aux_step) {
+          const int r = e_row + i * kRowsPerPass;
+          if (r >= rows) break;
+          const float4* sums4 = reinterpret_cast<const float4*>(&staged[r][e_col]);
+          const float4 first = sums4[odd_first ? 1 : 0], second = sums4[odd_first ? 0 : 1];
+          const float4 lo = odd_first ? second : first, hi = odd_first ? first : second;
+          const float sums[kVec] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          float v[kVec], y[kVec];
+          Pack<T, kVec> c_piece;
+          if (C != nullptr) c_piece = load_pack<T, kVec>(c_src + i * kRowsPerPass * kTileN);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            v[j] = alpha * sums[j] + bias[j];
+            if (C != nullptr) v[j] += beta * float(c_piece.v[j]);
+            y[j] = act::forward_for<T>(kAct, v[j]);
+          }
+          if (has_aux) store_vec<T, kVec>(aux_row, v);
+          store_vec<T, kVec>(d_row, y);
+        }
       }
     }
   }
 }
 
-template <class Element>
+// A striped walk's stride (TileCursor), or 0 for contiguous ranges: forced by raster (1 along M:
+// ranges; 2 along N: striped, where the columns of tiles fit the wave), else striped where there
+// are more tiles than one wave holds and the striped grid (stride x tiles_n blocks) keeps at least
+// 31/32 of the wave. Striped, a block never reloads B; measured against ranges (H200, bf16,
+// bench/kernels/lowk_shapes): 8192 x 4096 x 32 and 65536 x 512 x 64 with bias and ReLU
+// 1.03-1.06x, 4096-column weight gradients 0.99-1.01x, but 0.90-0.93x at 11008 columns, whose
+// striped grid leaves 13% of the wave idle.
+inline int striped_stride(int raster, int64_t tiles, int64_t tiles_n, int64_t slots) {
+  if (raster == 1 || tiles_n > slots) return 0;
+  const int stride = int(std::min(slots / tiles_n, tiles / tiles_n));
+  if (raster == 2) return stride;
+  return tiles > slots && stride * tiles_n * 32 >= slots * 31 ? stride : 0;
+}
+
+// kWithC: the kernels that add beta * C (they also run products without C, on the fp32 staging
+// epilogue); without it, products without C only.
+template <class Element, bool kWithC = false>
 struct GemmBundle {
   using T = Element;
   static_assert(sizeof(T) == 2, "the short-K GEMM multiplies 16-bit types");
@@ -389,6 +535,7 @@ struct GemmBundle {
 
   static LaunchResult run(GemmParams const& p, void*, cudaStream_t stream) {
     if (p.K > kMaxK) return {"can_implement", "the short-K GEMM takes K <= 64"};
+    if (!kWithC && p.C != nullptr) return {"can_implement", "this short-K kernel reads no C (its with-C twin does)"};
     auto ok = [](int64_t s) { return s % kVec == 0; };
     // C, D, Aux and the bias are read and written in 16-byte pieces.
     const bool epilogue_aligned =
@@ -421,25 +568,26 @@ struct GemmBundle {
     const int64_t tiles = int64_t((p.M + kTileM - 1) / kTileM) * ((p.N + kTileN - 1) / kTileN) * p.L;
     if (tiles == 0) return {};
     if (tiles > INT32_MAX) return {"can_implement", "the short-K GEMM takes fewer than 2^31 tiles of 64x128"};
-    const bool with_c = p.C != nullptr;
-    const int smem = (with_c ? kSharedBytesWithC : kSharedBytesNoC) +
-                     (copy == kPacked && a_packed ? 2 * raw_a_elems(p.K) * int(sizeof(T)) : 0);
+    const int smem = shared_bytes(kWithC, kWithC && p.C != nullptr) +
+                     (copy == kPacked && a_packed ? a_stages(kWithC) * raw_a_elems(p.K) * int(sizeof(T)) : 0);
     LaunchResult result;
     auto launch = [&](auto act, auto copy_kind) {
       constexpr int kAct = decltype(act)::value;
       constexpr int kCopy = decltype(copy_kind)::value;
-      const void* kernel = reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kCopy>);
+      const void* kernel = reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kCopy, kWithC>);
       const cudaError_t err = allow_large_dynamic_shared(kernel, p.device);
       if (err != cudaSuccess) {
         result = {"initialize", cudaGetErrorString(err)};
         return;
       }
-      // Persistent blocks: one wave, each walking its share of the tiles.
+      // Persistent blocks: one wave, each walking its share of the tiles (striped_stride).
       const int64_t slots =
           int64_t(std::max(p.sm_count, 1)) * cached_resident_blocks(kernel, kThreads, smem, p.device);
-      const unsigned blocks = unsigned(std::min(tiles, slots));
-      lowk_gemm_kernel<T, kAct, kCopy>
-          <<<blocks, kThreads, smem, stream>>>(p, a_k_major, b_k_major, a_vector, b_vector, a_packed, b_packed);
+      const int64_t tiles_n = (p.N + kTileN - 1) / kTileN;
+      const int stride = striped_stride(p.raster, tiles, tiles_n, slots);
+      const unsigned blocks = unsigned(stride > 0 ? stride * tiles_n : std::min(tiles, slots));
+      lowk_gemm_kernel<T, kAct, kCopy, kWithC><<<blocks, kThreads, smem, stream>>>(
+          p, a_k_major, b_k_major, a_vector, b_vector, a_packed, b_packed, stride);
     };
     dispatch_activation(p.activation, [&](auto act) {
       if (copy == kVector) {

@@ -1,4 +1,4 @@
-// Warp-level tensor-core building blocks (mma.sync, ldmatrix) for the hand-written GEMM kernels
+// Warp-level tensor-core building blocks (mma.sync, ldmatrix, stmatrix) for the hand-written GEMM kernels
 // (gemm/lowk_gemm.cuh, gemm/fewrows_gemm.cuh). Compiled from compute_80; CUDA only.
 #pragma once
 
@@ -58,6 +58,27 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row, b
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
   }
+}
+
+// The inverse of ldmatrix_x4 (untransposed): four 8x8 16-bit matrices into shared memory, lane l
+// giving the address of row l % 8 of matrix l / 8 and holding, in r[i], elements (l / 4, 2 (l % 4))
+// and (l / 4, 2 (l % 4) + 1) of matrix i: the layout of an mma accumulator's 16-bit pairs. Before
+// sm_90 (no stmatrix) each lane stores its own words, the rows' addresses taken from their lanes.
+__device__ __forceinline__ void stmatrix_x4(void* row, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+#else
+  const int lane = int(threadIdx.x) & 31;
+  const unsigned long long own = reinterpret_cast<unsigned long long>(row);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned long long base = __shfl_sync(0xffffffffu, own, 8 * i + lane / 4);
+    *reinterpret_cast<uint32_t*>(base + 4 * (lane % 4)) = r[i];
+  }
+#endif
 }
 
 }  // namespace cutlass_ext

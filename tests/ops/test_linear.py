@@ -753,12 +753,17 @@ def test_lowk_kernel(dtype_name, layouts, k, monkeypatch):
 
 @requires_cuda
 @pytest.mark.parametrize("layouts", ["kk", "kn", "mk", "mn"])
-def test_lowk_kernel_walks_many_tiles_per_block(layouts, monkeypatch):
+@pytest.mark.parametrize("raster", [None, "along_m", "along_n"])
+def test_lowk_kernel_walks_many_tiles_per_block(layouts, raster, monkeypatch):
     # The kernel's blocks are persistent: with more 64x128 tiles than fit the GPU at once each
-    # block walks a range of them, M fastest, prefetching the next tile's A (and C) while it
-    # writes one, and reloading B where its range enters the next column of tiles (or batch).
+    # block walks several, prefetching the next tiles' A (and C) while it writes one, and
+    # reloading B where its walk enters the next column of tiles (or batch). along_m walks
+    # contiguous ranges, M fastest; along_n one column of tiles a block, striped over the rows
+    # of every batch (the default here: 17 columns of tiles fill 391 of an H200's 396 slots).
     # 3 x 1000 x 2056 has 3 * 16 * 17 = 816 tiles (partial in M and N) in three batches.
     monkeypatch.setenv("CUTLASS_EXT_GEMM_CONFIG", "lowk_64x128")
+    if raster is not None:
+        monkeypatch.setenv("CUTLASS_EXT_GEMM_RASTER", raster)
     L, m, k, n = 3, 1000, 16, 2056
     A = rand(L, m, k, device="cuda", dtype=torch.bfloat16)
     if layouts[0] == "m":
