@@ -50,7 +50,7 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
         else:
             (tile_m, tile_n), cluster, stream_k, transposed = cfg.tile, 1, False, False
         return (f"kernel {cfg.name} {kernel.family} {tile_m} {tile_n} {cluster} {int(stream_k)} {int(transposed)} "
-                f"{CLUSTERS[cluster]} {int(kernel.aux)} {kernel.dtype}")
+                f"{CLUSTERS[cluster]} {int(kernel.aux)} {kernel.dtype} {int(kernel.plain)}")
 
     def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
         return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
@@ -140,6 +140,14 @@ def test_short_k_takes_the_hand_written_kernel(driver):
     assert pick(driver, 32768, 16, 4096)[0] == "lowk_64x128"
     assert pick(driver, 8192, 64, 4096)[0] == "lowk_64x128"
     assert pick(driver, 32768, 64, 4096)[0] != "lowk_64x128"  # many rows at K = 64: CUTLASS
+    # Plain products (weight gradients, LoRA's rank-r terms) over K > 32 take CUTLASS's plain
+    # kernels (built for an N-major B); up to K = 32 the short-K kernel still.
+    for a_major in "km":
+        assert pick(driver, 4096, 64, 4096, a_major=a_major, b_major="n", plain=True)[0] != "lowk_64x128"
+        assert pick(driver, 4096, 40, 11008, a_major=a_major, b_major="n", plain=True)[0] != "lowk_64x128"
+        assert pick(driver, 11008, 32, 4096, a_major=a_major, b_major="n", plain=True)[0] == "lowk_64x128"
+        assert pick(driver, 11008, 16, 4096, a_major=a_major, b_major="n", plain=True)[0] == "lowk_64x128"
+    assert pick(driver, 4096, 64, 4096, b_major="n")[0] == "lowk_64x128"  # with bias and activation
 
 
 @pytest.mark.parametrize("k", [264, 2048, 3072, 4096])

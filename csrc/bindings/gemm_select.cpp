@@ -107,7 +107,10 @@ constexpr int64_t kSubWaveTransposedMaxK = 4096;
 // K = 32, and up to K = 64 for at most 8192 rows. Measured on an H200 (bench/gemm_configs.py --set
 // shortk, persistent short-K kernel): at K = 16 it beat every CUTLASS config on every shape; at
 // K = 64 it beat the CUTLASS default up to 8192 rows (2048 x 64 x 4096: 20.5 vs 25.7 us) and lost
-// to it at 32768 rows (198.9 vs 187.7 us).
+// to it at 32768 rows (198.9 vs 187.7 us). Those were bias-and-activation products; a plain
+// product over K > 32 takes CUTLASS's plain-epilogue kernels instead (select_kernel), which ran
+// 1.4-1.8x faster than the short-K kernel at K = 64 (bf16, H200: 2048 x 64 x 11008 with an
+// N-major B 18.6 against 33.3 us, a 4096 x 64 x 4096 weight gradient 15.4 against 25.6).
 constexpr int64_t kLowKMaxK = 64;
 constexpr int64_t kLowKPreferredMaxK = 32;
 constexpr int64_t kLowKLongMaxRows = 8192;
@@ -343,9 +346,12 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
              return std::strcmp(t->config, e.config) == 0;
            });
   };
-  // A short K makes the product a stream over C and D: the hand-written kernel's case.
+  // A short K makes the product a stream over C and D: the hand-written kernel's case, except a
+  // plain product (one with plain-epilogue candidates) over K > kLowKPreferredMaxK.
+  const bool plain =
+      std::any_of(candidates.begin(), candidates.end(), [](const GemmKernelEntry* e) { return e->plain; });
   for (const GemmKernelEntry* e : candidates) {
-    if (is_lowk(*e) && lowk_takes(K, M, L)) return e;
+    if (is_lowk(*e) && lowk_takes(K, M, L) && !(plain && K > kLowKPreferredMaxK)) return e;
   }
   std::vector<const GemmKernelEntry*> cutlass;
   for (const GemmKernelEntry* e : candidates) {

@@ -1,7 +1,7 @@
 // Runs the GEMM kernel heuristic (csrc/bindings/gemm_select.h) on kernel entries and shapes read
 // from stdin, without a GPU (tests/test_select.py). Lines:
 //   kernel <config> <family> <tile_m> <tile_n> <cluster_size> <stream_k> <transposed> <active_clusters> <aux>
-//          <dtype: bf16, fp16 or tf32>
+//          <dtype: bf16, fp16 or tf32> <plain: 1 for a plain-epilogue kernel>
 //     appends a candidate (kernel table order; the transposed kernels last, as the binding does);
 //   extk <config>
 //     adds an extended-K kernel of that config (the twins a product with LoRA's pair can use);
@@ -66,8 +66,9 @@ int main() {
     };
     if (what == "kernel") {
       std::string config, family, dtype;
-      int tile_m, tile_n, cluster_size, stream_k, transposed, clusters, aux;
-      in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters >> aux >> dtype;
+      int tile_m, tile_n, cluster_size, stream_k, transposed, clusters, aux, plain;
+      in >> config >> family >> tile_m >> tile_n >> cluster_size >> stream_k >> transposed >> clusters >> aux >> dtype >>
+          plain;
       if (bad(in && candidates.size() < size_t(kMaxKernels) && (dtype == "bf16" || dtype == "fp16" || dtype == "tf32"),
               "kernel line")) {
         return 1;
@@ -90,6 +91,7 @@ int main() {
       e.stream_k = stream_k != 0;
       e.transposed = transposed != 0;
       e.aux = aux != 0;
+      e.plain = plain != 0;
       e.active_clusters = kClusterFns[slot];
       entries.push_back(e);
       candidates.push_back(&entries.back());
