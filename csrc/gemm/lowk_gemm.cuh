@@ -2,18 +2,19 @@
 //   D = act(alpha * A B + beta * C + bias), optionally Aux = the pre-activation; 16-bit types.
 // With K <= 64 each output element costs at most 64 multiply-adds but 2-3 memory accesses (C read,
 // D written), so the kernel is a stream over C and D. Persistent blocks (as many as fit the SMs)
-// each walk either a contiguous range of 64x128 output tiles, M fastest, or one column of tiles
-// striped across the wave (striped_stride). While a tile is multiplied and written, the next
-// tile's A (and C) tiles, and without C the one after too, are already on their way into shared
-// memory by cp.async, so a block does not wait on a load between tiles; the B tile is reloaded
-// only when the block's walk enters the next column of tiles (or batch). Operands are copied in
-// their own layout with 16-byte accesses (a contiguous operand whose rows are not 16-byte pieces,
-// such as a 13-feature input layer's X, as one run of pieces that is then spread in shared
-// memory; other unaligned ones element by element) and fed to mma.sync (m16n8k16, fp32
-// accumulation) by ldmatrix, transposing M- or N-major tiles on the way (.trans). Without C, each
-// warp converts its finished 16x64 piece to 16 bits in registers, stages it in a shared tile of
-// its own by stmatrix and writes it with 16-byte accesses (no block barrier). With C, the fp32
-// tile is staged through shared memory beside the C tile and written with 16-byte accesses.
+// each walk a contiguous range of 64x128 output tiles, M fastest, or (warp_staged kernels) one
+// column of tiles striped across the wave (striped_stride). While a tile is multiplied and
+// written, the next tile's A (and C) tiles, and for warp_staged kernels the one after too, are
+// already on their way into shared memory by cp.async, so a block does not wait on a load
+// between tiles; the B tile is reloaded only when the block's walk enters the next column of
+// tiles (or batch). Operands are copied in their own layout with 16-byte accesses (a contiguous
+// operand whose rows are not 16-byte pieces, such as a 13-feature input layer's X, as one run of
+// pieces that is then spread in shared memory; other unaligned ones element by element) and fed
+// to mma.sync (m16n8k16, fp32 accumulation) by ldmatrix, transposing M- or N-major tiles on the
+// way (.trans). On the vector path without C (warp_staged), each warp converts its finished
+// 16x64 piece to 16 bits in registers, stages it in a shared tile of its own by stmatrix and
+// writes it with 16-byte accesses (no block barrier); otherwise the fp32 tile is staged through
+// shared memory (beside the C tile) and written with 16-byte accesses.
 #pragma once
 
 #include <algorithm>
@@ -33,13 +34,13 @@ namespace cutlass_ext::lowk {
 constexpr int kTileM = 64, kTileN = 128, kMaxK = 64;
 constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N, 32x32 outputs each
 constexpr int kWarps = kThreads / 32;
-// The warps over a tile: with C 2 along M x 4 along N (32x32 pieces, staged as one fp32 tile);
-// without C 4 x 2 (16x64 pieces, each staged by its warp), so that a warp's 16-byte stores write
+// The warps over a tile: staged as one fp32 tile, 2 along M x 4 along N (32x32 pieces); staged
+// by warps (kWarpStaged, below), 4 x 2 (16x64 pieces), so that a warp's 16-byte stores write
 // whole 128-byte lines of D, four rows an instruction (32x32 pieces, eight 64-byte row pieces an
 // instruction, ran 1.3x slower: H200, 11008 x 4096 x 16, bench/kernels/lowk_shapes).
-template <bool kWithC>
+template <bool kWarpStaged>
 struct WarpLayout {
-  static constexpr int kAlongM = kWithC ? 2 : 4, kAlongN = kWarps / kAlongM;
+  static constexpr int kAlongM = kWarpStaged ? 4 : 2, kAlongN = kWarps / kAlongM;
   static constexpr int kRows = kTileM / kAlongM, kCols = kTileN / kAlongN;
   static constexpr int kMI = kRows / 16, kNJ = kCols / 8;  // mma tiles of 16x8
 };
@@ -52,32 +53,32 @@ constexpr int kBRow = kTileN + kVec;  // N-major B tiles: [k][n]
 constexpr int kAccRow = kTileN + 8;   // fp32 staging rows
 // A warp's 16-bit staging tile (no C): rows of 144 bytes, so that the eight rows of an stmatrix
 // phase, and the eight 16-byte pieces of a row that a read phase takes, fall on distinct banks.
-constexpr int kStageRow = WarpLayout<false>::kCols + kVec;
-constexpr int kWarpStageElems = WarpLayout<false>::kRows * kStageRow;
+constexpr int kStageRow = WarpLayout<true>::kCols + kVec;
+constexpr int kWarpStageElems = WarpLayout<true>::kRows * kStageRow;
 constexpr int kAElems = kTileM * kKRow > kMaxK * kARow ? kTileM * kKRow : kMaxK * kARow;
 constexpr int kBElems = kTileN * kKRow > kMaxK * kBRow ? kTileN * kKRow : kMaxK * kBRow;
 constexpr int kCElems = kTileM * kTileN;
-// Tiles of A (and C) in flight: the next one (with C), or the next two (without C, whose tiles
-// are shorter: at one tile ahead a block waited on each tile's loads).
-__host__ __device__ constexpr int a_stages(bool with_c) { return with_c ? 2 : 3; }
-// Dynamic shared memory: the staging space (with C the fp32 tile, without it the warps' 16-bit
-// tiles), the B tile, a_stages A tiles, the bias of B's columns, (with C) two C tiles and (with a
-// packed A, below) a_stages A tiles as they lie in memory. The staging space also holds a packed
+// Tiles of A (and C) in flight: the next one, or with warp staging the next two (its tiles are
+// shorter: at one tile ahead a block waited on each tile's loads).
+__host__ __device__ constexpr int a_stages(bool warp_staged) { return warp_staged ? 3 : 2; }
+// Dynamic shared memory: the staging space (the fp32 tile, or the warps' 16-bit tiles), the B
+// tile, a_stages A tiles, the bias of B's columns, (with C) two C tiles and (with a packed A,
+// below) a_stages A tiles as they lie in memory. The staging space also holds a packed
 // B's raw tile (kTileN lines of up to kMaxK elements) while B is copied and spread.
-__host__ __device__ constexpr int stage_bytes(bool with_c) {
-  return with_c ? kTileM * kAccRow * 4
-                : (kWarps * kWarpStageElems * 2 > kTileN * kMaxK * 2 ? kWarps * kWarpStageElems * 2
-                                                                     : kTileN * kMaxK * 2);
+__host__ __device__ constexpr int stage_bytes(bool warp_staged) {
+  return !warp_staged ? kTileM * kAccRow * 4
+                      : (kWarps * kWarpStageElems * 2 > kTileN * kMaxK * 2 ? kWarps * kWarpStageElems * 2
+                                                                           : kTileN * kMaxK * 2);
 }
-__host__ __device__ constexpr int b_offset(bool with_c) { return stage_bytes(with_c); }
-__host__ __device__ constexpr int a_offset(bool with_c) { return b_offset(with_c) + kBElems * 2; }
-__host__ __device__ constexpr int bias_offset(bool with_c) {
-  return a_offset(with_c) + a_stages(with_c) * kAElems * 2;
+__host__ __device__ constexpr int b_offset(bool warp_staged) { return stage_bytes(warp_staged); }
+__host__ __device__ constexpr int a_offset(bool warp_staged) { return b_offset(warp_staged) + kBElems * 2; }
+__host__ __device__ constexpr int bias_offset(bool warp_staged) {
+  return a_offset(warp_staged) + a_stages(warp_staged) * kAElems * 2;
 }
-__host__ __device__ constexpr int c_offset(bool with_c) { return bias_offset(with_c) + kTileN * 2; }
+__host__ __device__ constexpr int c_offset(bool warp_staged) { return bias_offset(warp_staged) + kTileN * 2; }
 // Bytes before the packed A's raw tiles: the C tiles only where C is read.
-__host__ __device__ constexpr int shared_bytes(bool with_c, bool reads_c) {
-  return c_offset(with_c) + (reads_c ? 2 * kCElems * 2 : 0);
+__host__ __device__ constexpr int shared_bytes(bool warp_staged, bool reads_c) {
+  return c_offset(warp_staged) + (reads_c ? 2 * kCElems * 2 : 0);
 }
 
 // How a block copies its operand tiles: all in 16-byte pieces in their own layout (kVector);
@@ -89,6 +90,13 @@ __host__ __device__ constexpr int shared_bytes(bool with_c, bool reads_c) {
 // run of memory, and that run starts on 16 bytes (the operand 16-byte aligned: tiles start at
 // line multiples of 64, 64 K elements being a multiple of 16 bytes).
 constexpr int kVector = 0, kPacked = 1, kElementwise = 2;
+// Whether a kernel's warps stage their finished pieces in 16 bits, keep two tiles of A in flight
+// and may walk striped (TileCursor): the vector path without C. The kernels with C, and the
+// packed and element-wise paths, keep the fp32 staging tile, one tile of A ahead and contiguous
+// ranges: with all three changes the training steps whose products take those paths (a 13 -> 512
+// layer, one-row steps) ran 1.05-1.10x slower than before (H200, across two runs; not measured
+// per kernel).
+__host__ __device__ constexpr bool warp_staged(bool with_c, int copy) { return !with_c && copy == kVector; }
 // Blocks an SM each path's instantiation is compiled for. The packed path at three (80
 // registers) spilled 60-72 bytes a thread; at two it keeps everything in registers (128) and was
 // faster on every shape measured (H200, bf16, bench/results/lowk-packed-ab-h200.json): 8192 x 13
@@ -220,24 +228,26 @@ struct TileCursor {
 // (a run-time switch over all of them, unrolled over the epilogue, overflowed the instruction
 // cache: 36% of the stalls on an H200). kCopy: how the operand tiles are copied (kVector,
 // kPacked or kElementwise, each its own instantiation: compiled into every kernel, the element-wise
-// path made ptxas spill at 80 registers). kWithC: the kernel reads C (the fp32 staging epilogue;
-// its kernels also run products without C), else the warps' own 16-bit staging (p.C is ignored).
+// path made ptxas spill at 80 registers). kWithC: the kernel reads C (its kernels also run
+// products without C); without it p.C is ignored.
 template <class T, int kAct, int kCopy, bool kWithC>
 __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
     lowk_gemm_kernel(GemmParams p, bool a_k_major, bool b_k_major, bool a_vector, bool b_vector, bool a_packed,
-                     bool b_packed, int stride) {
+                     bool b_packed, int walk_stride) {
   constexpr bool kByElement = kCopy == kElementwise;
   extern __shared__ __align__(16) unsigned char shared[];
   auto staged = reinterpret_cast<float (*)[kAccRow]>(shared);
-  T* const b_tile = reinterpret_cast<T*>(shared + b_offset(kWithC));
-  T* const a_tiles = reinterpret_cast<T*>(shared + a_offset(kWithC));
-  T* const c_tiles = reinterpret_cast<T*>(shared + c_offset(kWithC));
-  T* const bias_tile = reinterpret_cast<T*>(shared + bias_offset(kWithC));
+  constexpr bool kWarpStaged = warp_staged(kWithC, kCopy);
+  const int stride = kWarpStaged ? walk_stride : 0;  // a constant 0 elsewhere: no striped code there
+  T* const b_tile = reinterpret_cast<T*>(shared + b_offset(kWarpStaged));
+  T* const a_tiles = reinterpret_cast<T*>(shared + a_offset(kWarpStaged));
+  T* const c_tiles = reinterpret_cast<T*>(shared + c_offset(kWarpStaged));
+  T* const bias_tile = reinterpret_cast<T*>(shared + bias_offset(kWarpStaged));
   // Raw tiles of packed operands: B's in the staging space (B is copied and spread between a
   // tile's epilogue and the next product, when the staging space is free), A's a_stages after
   // everything else.
   T* const b_raw = reinterpret_cast<T*>(shared);
-  T* const a_raws = reinterpret_cast<T*>(shared + shared_bytes(kWithC, kWithC && p.C != nullptr));
+  T* const a_raws = reinterpret_cast<T*>(shared + shared_bytes(kWarpStaged, kWithC && p.C != nullptr));
   const bool a_spread = kCopy == kPacked && a_packed, b_spread = kCopy == kPacked && b_packed;
 
   const int tiles_m = (p.M + kTileM - 1) / kTileM, tiles_n = (p.N + kTileN - 1) / kTileN;
@@ -306,20 +316,22 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
 
   // B with the first tile's A, then the A tiles ahead: one commit group a tile (empty past the
   // block's last), so that "tile `step` landed" is always "at most kStages - 2 groups pending".
-  constexpr int kStages = a_stages(kWithC);
+  constexpr int kStages = a_stages(kWarpStaged);
   int b_l = tile.l, b_n0 = tile.n_tile * kTileN;
   copy_b(b_l, b_n0);
+  // The cursor kStages - 1 tiles ahead (two stages derive it from `tile` instead: a cursor kept
+  // live through the loop made those kernels spill at 80 registers).
   TileCursor ahead = tile;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < count) copy_a_and_c(ahead, s);
     cp_async_commit();
-    ahead.next(tiles_m, tiles_n, stride);
+    if (kStages > 2) ahead.next(tiles_m, tiles_n, stride);
   }
 
   // ldmatrix rows of this lane: lane l addresses row l % 8 of matrix l / 8.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int wm = warp / WarpLayout<kWithC>::kAlongN, wn = warp % WarpLayout<kWithC>::kAlongN;
+  const int wm = warp / WarpLayout<kWarpStaged>::kAlongN, wn = warp % WarpLayout<kWarpStaged>::kAlongN;
   const int q_lo = (lane >> 3) & 1, q_hi = lane >> 4, row8 = lane & 7;
   for (int step = 0; step < count; ++step, tile.next(tiles_m, tiles_n, stride)) {
     const int buf = step % kStages;
@@ -347,13 +359,21 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
       }
       __syncthreads();
     }
-    if (step + kStages - 1 < count) copy_a_and_c(ahead, (step + kStages - 1) % kStages);
+    if constexpr (kStages == 2) {
+      if (step + 1 < count) {
+        TileCursor following = tile;
+        following.next(tiles_m, tiles_n, stride);
+        copy_a_and_c(following, buf ^ 1);
+      }
+    } else {
+      if (step + kStages - 1 < count) copy_a_and_c(ahead, (step + kStages - 1) % kStages);
+      ahead.next(tiles_m, tiles_n, stride);
+    }
     cp_async_commit();
-    ahead.next(tiles_m, tiles_n, stride);
 
     // Warp (wm, wn) owns rows kRows wm .. +kRows and columns kCols wn .. +kCols: kMI x kNJ mma
     // tiles of 16x8. Fragments by ldmatrix: K-major tiles as stored, MN-major ones transposed.
-    using Warps = WarpLayout<kWithC>;
+    using Warps = WarpLayout<kWarpStaged>;
     constexpr int kMI = Warps::kMI, kNJ = Warps::kNJ;
     const int warp_row = wm * Warps::kRows, warp_col = wn * Warps::kCols;
     const T* a_tile = a_tiles + buf * kAElems;
@@ -387,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
       }
     }
     const int g = lane >> 2, tq = lane & 3;
-    if constexpr (!kWithC) {
+    if constexpr (kWarpStaged) {
       // Lane (g, tq) holds rows 16 i + g (+ 8) and columns 8 j + 2 tq (+ 1) of the warp's piece.
       // Its bias: from the tile copied with B, or (vector path) from memory, zero past N.
       float bias[kNJ][2] = {};
@@ -510,10 +530,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
   }
 }
 
-// A striped walk's stride (TileCursor), or 0 for contiguous ranges: forced by raster (1 along M:
-// ranges; 2 along N: striped, where the columns of tiles fit the wave), else striped where there
-// are more tiles than one wave holds and the striped grid (stride x tiles_n blocks) keeps at least
-// 31/32 of the wave. Striped, a block never reloads B; measured against ranges (H200, bf16,
+// A warp_staged kernel's striped stride (TileCursor), or 0 for contiguous ranges: forced by
+// raster (1 along M: ranges; 2 along N: striped, where the columns of tiles fit the wave), else
+// striped where there are more tiles than one wave holds and the striped grid (stride x tiles_n
+// blocks) keeps at least 31/32 of the wave. Striped, a block never reloads B; measured against ranges (H200, bf16,
 // bench/kernels/lowk_shapes): 8192 x 4096 x 32 and 65536 x 512 x 64 with bias and ReLU
 // 1.03-1.06x, 4096-column weight gradients 0.99-1.01x, but 0.90-0.93x at 11008 columns, whose
 // striped grid leaves 13% of the wave idle.
@@ -568,12 +588,13 @@ struct GemmBundle {
     const int64_t tiles = int64_t((p.M + kTileM - 1) / kTileM) * ((p.N + kTileN - 1) / kTileN) * p.L;
     if (tiles == 0) return {};
     if (tiles > INT32_MAX) return {"can_implement", "the short-K GEMM takes fewer than 2^31 tiles of 64x128"};
-    const int smem = shared_bytes(kWithC, kWithC && p.C != nullptr) +
-                     (copy == kPacked && a_packed ? a_stages(kWithC) * raw_a_elems(p.K) * int(sizeof(T)) : 0);
     LaunchResult result;
     auto launch = [&](auto act, auto copy_kind) {
       constexpr int kAct = decltype(act)::value;
       constexpr int kCopy = decltype(copy_kind)::value;
+      constexpr bool kWarpStaged = warp_staged(kWithC, kCopy);
+      const int smem = shared_bytes(kWarpStaged, kWithC && p.C != nullptr) +
+                       (kCopy == kPacked && a_packed ? a_stages(kWarpStaged) * raw_a_elems(p.K) * int(sizeof(T)) : 0);
       const void* kernel = reinterpret_cast<const void*>(lowk_gemm_kernel<T, kAct, kCopy, kWithC>);
       const cudaError_t err = allow_large_dynamic_shared(kernel, p.device);
       if (err != cudaSuccess) {
@@ -584,7 +605,7 @@ struct GemmBundle {
       const int64_t slots =
           int64_t(std::max(p.sm_count, 1)) * cached_resident_blocks(kernel, kThreads, smem, p.device);
       const int64_t tiles_n = (p.N + kTileN - 1) / kTileN;
-      const int stride = striped_stride(p.raster, tiles, tiles_n, slots);
+      const int stride = kWarpStaged ? striped_stride(p.raster, tiles, tiles_n, slots) : 0;
       const unsigned blocks = unsigned(stride > 0 ? stride * tiles_n : std::min(tiles, slots));
       lowk_gemm_kernel<T, kAct, kCopy, kWithC><<<blocks, kThreads, smem, stream>>>(
           p, a_k_major, b_k_major, a_vector, b_vector, a_packed, b_packed, stride);
