@@ -409,16 +409,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
     const int g = lane >> 2, tq = lane & 3;
     if constexpr (kWarpStaged) {
       // Lane (g, tq) holds rows 16 i + g (+ 8) and columns 8 j + 2 tq (+ 1) of the warp's piece.
-      // Its bias: from the tile copied with B, or (vector path) from memory, zero past N.
+      // Its bias, from memory (the vector path copies none with B), zero past N.
       float bias[kNJ][2] = {};
-      if (kCopy != kVector || p.bias != nullptr) {
+      if (p.bias != nullptr) {
 #pragma unroll
         for (int j = 0; j < kNJ; ++j) {
           const int c = warp_col + 8 * j + 2 * tq;
-          if (kCopy != kVector) {
-            bias[j][0] = float(bias_tile[c]);
-            bias[j][1] = float(bias_tile[c + 1]);
-          } else if (n0 + c < p.N) {
+          if (n0 + c < p.N) {
             const T* b = static_cast<const T*>(p.bias) + n0 + c;
             bias[j][0] = float(b[0]);
             bias[j][1] = float(b[1]);
