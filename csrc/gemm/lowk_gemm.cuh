@@ -32,7 +32,7 @@
 namespace cutlass_ext::lowk {
 
 constexpr int kTileM = 64, kTileN = 128, kMaxK = 64;
-constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N, 32x32 outputs each
+constexpr int kThreads = 256;  // 8 warps over a tile (WarpLayout)
 constexpr int kWarps = kThreads / 32;
 // The warps over a tile: staged as one fp32 tile, 2 along M x 4 along N (32x32 pieces); staged
 // by warps (kWarpStaged, below), 4 x 2 (16x64 pieces), so that a warp's 16-byte stores write
@@ -65,10 +65,9 @@ __host__ __device__ constexpr int a_stages(bool warp_staged) { return warp_stage
 // tile, a_stages A tiles, the bias of B's columns, (with C) two C tiles and (with a packed A,
 // below) a_stages A tiles as they lie in memory. The staging space also holds a packed
 // B's raw tile (kTileN lines of up to kMaxK elements) while B is copied and spread.
+constexpr int kWarpStageBytes = kWarps * kWarpStageElems * 2, kBRawBytes = kTileN * kMaxK * 2;
 __host__ __device__ constexpr int stage_bytes(bool warp_staged) {
-  return !warp_staged ? kTileM * kAccRow * 4
-                      : (kWarps * kWarpStageElems * 2 > kTileN * kMaxK * 2 ? kWarps * kWarpStageElems * 2
-                                                                           : kTileN * kMaxK * 2);
+  return warp_staged ? (kWarpStageBytes > kBRawBytes ? kWarpStageBytes : kBRawBytes) : kTileM * kAccRow * 4;
 }
 __host__ __device__ constexpr int b_offset(bool warp_staged) { return stage_bytes(warp_staged); }
 __host__ __device__ constexpr int a_offset(bool warp_staged) { return b_offset(warp_staged) + kBElems * 2; }
@@ -431,7 +430,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
       const int r_row = lane / kPieces, r_col = kVec * (lane % kPieces);
       const int rows = min(kTileM, p.M - m0) - warp_row;
       const bool col_ok = warp_col + r_col < min(kTileN, p.N - n0);
-      const float alpha = p.alpha;
+      // The pre-activation, once for both outputs.
+#pragma unroll
+      for (int i = 0; i < kMI; ++i) {
+#pragma unroll
+        for (int j = 0; j < kNJ; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][e] = p.alpha * acc[i][j][e] + bias[j][e & 1];
+        }
+      }
       auto write_piece = [&](T* out, int64_t stride_m, bool pre_activation) {
         // Two adjacent 8-column tiles at a time: their four 8x8 halves are one stmatrix.
 #pragma unroll
@@ -445,8 +452,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kCopy))
               float v[4];
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
-                v[e] = alpha * acc[i][j][e] + bias[j][e & 1];
-                if (!pre_activation) v[e] = act::forward_for<T>(kAct, v[e]);
+                v[e] = pre_activation ? acc[i][j][e] : act::forward_for<T>(kAct, acc[i][j][e]);
               }
               r[2 * h] = pack_pair<T>(v[0], v[1]);
               r[2 * h + 1] = pack_pair<T>(v[2], v[3]);
