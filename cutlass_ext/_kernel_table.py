@@ -374,9 +374,14 @@ class GemmKernel:
 
     def gencodes(self, archs: tuple[str, ...]) -> list[str]:
         """nvcc -gencode flags for the build's target archs: wgmma needs the arch-specific
-        sm_90a; CUTLASS 2.x and hand-written kernels are compiled from compute_80 for every target."""
+        sm_90a; CUTLASS 2.x kernels are compiled from compute_80 for every target; hand-written
+        kernels from each target's own virtual arch (compute_90 for 90a), so that their sm_90
+        instructions (stmatrix in the short-K kernel's epilogue: gemm/mma_sync.cuh) are
+        compiled in where the GPU has them."""
         if self.family == "sm90":
             return ["-gencode=arch=compute_90a,code=sm_90a"] if "90a" in archs else []
+        if self.hand_written:
+            return [f"-gencode=arch=compute_{a.rstrip('a')},code=sm_{a.rstrip('a')}" for a in archs]
         return [f"-gencode=arch=compute_80,code=sm_{'90' if a == '90a' else a}" for a in archs]
 
     def header(self) -> str:

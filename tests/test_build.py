@@ -185,9 +185,12 @@ def test_build_tree(tmp_path):
     assert sm90 and len(sm90) < len(config.kernels)
     sm90_units = {unit_of[k.name] for k in sm90}
     assert ninja.count("-gencode=arch=compute_90a,code=sm_90a") == len(sm90_units) + len(hand_written_cu)
-    # CUTLASS 2.x kernels (Ampere tensor cores, exact-fp32 SIMT) and the hand-written GEMMs are
-    # compiled from compute_80.
-    assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(units) - len(sm90_units)
+    # CUTLASS 2.x kernels (Ampere tensor cores, exact-fp32 SIMT) are compiled from compute_80, the
+    # hand-written GEMMs from compute_90 (their sm_90 instructions: stmatrix).
+    hand_written_units = {unit_of[k.name] for k in config.kernels if k.hand_written}
+    assert hand_written_units and not hand_written_units & sm90_units
+    assert ninja.count("-gencode=arch=compute_90,code=sm_90\n") == len(hand_written_units)
+    assert ninja.count("-gencode=arch=compute_80,code=sm_90") == len(units) - len(sm90_units) - len(hand_written_units)
     for rel in static:
         rule = "nvcc" if rel.endswith(".cu") else "cxx"
         assert f"build {_build.static_object(rel)}: {rule}" in ninja
@@ -233,6 +236,10 @@ def test_ampere_build_keeps_only_cutlass2_kernels(tmp_path):
     # A build for both targets compiles CUTLASS 2.x kernels for each.
     both = _kernel_table.select_kernels("sm80_fp16_kk", ("90a", "80"))
     assert both[0].gencodes(("90a", "80")) == ["-gencode=arch=compute_80,code=sm_90", "-gencode=arch=compute_80,code=sm_80"]
+    # Hand-written GEMMs from each target's own virtual arch: sm_90 code keeps stmatrix.
+    lowk = _kernel_table.select_kernels("lowk_bf16", ("90a", "80"))
+    assert lowk and lowk[0].gencodes(("90a", "80")) == ["-gencode=arch=compute_90,code=sm_90",
+                                                        "-gencode=arch=compute_80,code=sm_80"]
 
 
 def test_units_group_base_units_of_one_class():
