@@ -1,5 +1,5 @@
 // Warp-level tensor-core building blocks (mma.sync, ldmatrix, stmatrix) for the hand-written GEMM kernels
-// (gemm/lowk_gemm.cuh, gemm/fewrows_gemm.cuh). Compiled from compute_80; CUDA only.
+// (gemm/lowk_gemm.cuh, gemm/fewrows_gemm.cuh). Compiled from each target's own virtual arch (compute_90 on Hopper: stmatrix); CUDA only.
 #pragma once
 
 #include <cstdint>
