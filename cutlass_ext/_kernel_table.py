@@ -380,9 +380,9 @@ class GemmKernel:
         compiled in where the GPU has them."""
         if self.family == "sm90":
             return ["-gencode=arch=compute_90a,code=sm_90a"] if "90a" in archs else []
-        if self.hand_written:
-            return [f"-gencode=arch=compute_{a.rstrip('a')},code=sm_{a.rstrip('a')}" for a in archs]
-        return [f"-gencode=arch=compute_80,code=sm_{'90' if a == '90a' else a}" for a in archs]
+        bases = [a.rstrip("a") for a in archs]  # neither kind needs sm_90a's arch-specific features
+        virtual = bases if self.hand_written else ["80"] * len(bases)
+        return [f"-gencode=arch=compute_{v},code=sm_{b}" for v, b in zip(virtual, bases)]
 
     def header(self) -> str:
         """The header that defines the kernel's bundle."""
