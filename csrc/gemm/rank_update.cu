@@ -67,31 +67,6 @@ __device__ __forceinline__ void for_thread_pieces(F&& f) {
   }
 }
 
-// Two 16-bit values of a 32-bit word as fp32 (the low half first), and back, rounded to nearest.
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t w) {
-  if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
-    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-  } else {
-    float lo, hi;
-    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(w));
-    return make_float2(lo, hi);
-  }
-}
-
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t w;
-  if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-  } else {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-  }
-  return w;
-}
-
 // kKB 16-deep k blocks: r <= 16 kKB, the rest of the last block zero. a_vec: A's rows in 16-byte
 // pieces (unit column stride, aligned); b_vec: B's rows in 16-byte pieces (unit rank stride,
 // aligned, r a multiple of 8).
@@ -250,9 +225,9 @@ __global__ void __launch_bounds__(kThreads, TileT::kMinBlocks)
         uint32_t out[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const float2 x = unpack2<T>(in[q]);
+          const float2 x = unpack_pair<T>(in[q]);
           const float* d = acc[4 * v + q];
-          out[q] = pack2<T>(fmaf(p.alpha, d[2 * h], x.x), fmaf(p.alpha, d[2 * h + 1], x.y));
+          out[q] = pack_pair<T>(fmaf(p.alpha, d[2 * h], x.x), fmaf(p.alpha, d[2 * h + 1], x.y));
         }
         // One 16-byte store (nvcc split a plain uint4 store of these words into four).
         asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(piece_at(s, h, v)), "r"(out[0]), "r"(out[1]),
