@@ -13,6 +13,12 @@ once, keeps the fastest, and appends it to a table file so later processes reuse
 ``CUTLASS_EXT_TUNING_FILE`` (default: ``gemm_tuning.tsv`` in the cache directory); delete the file
 to forget it. Calls captured into a CUDA graph never tune (they use the table or the heuristic),
 and an explicit ``config=`` always wins.
+
+Each candidate is timed as a short burst (one warm-up call and the median of five), which runs
+at the GPU's boost clock. A long run of large products (training) runs at the power cap instead,
+where tiles differ in clock: on large 16-bit products the tuner then picks the 128x128 ping-pong
+tile, which ran up to 17% slower there than the heuristic's cooperative 128x256 tile
+(bench/NOTES.md section 72). For such layers the heuristic is the better default.
 """
 
 from __future__ import annotations

@@ -1,0 +1,175 @@
+"""How a GEMM config's time depends on how long it has run alone: the power cap's regime.
+
+A large bf16 product drawn back to back runs into the GPU's power cap within 100-200 ms, and
+from then on each kernel runs at the clock the cap leaves it, which differs between tiles by
+10-15% (bench/NOTES.md sections 44 and 72). A timing of a few calls measures the boost clock
+instead. Two experiments, linear + bias + ReLU (x @ W.T), bf16, with the config forced:
+
+    python bench/tuning_regime.py warm     # each config alone for 0..1600 ms, then 10 timed calls
+    python bench/tuning_regime.py tuner    # the autotuner's quick timing against a sustained one
+
+``warm``: for each shape, warm-up length and config (the 128x128 ping-pong tile, the cooperative
+128x256 one and the heuristic's pick): 0.4 s idle, back-to-back calls for the warm-up length,
+then the median of 10 calls, with the SM clock and board power (NVML, when importable) read
+right after. ``tuner``: every built config timed as the autotuner does (one warm-up call, the
+median of 5 back to back) and the candidates within 15% of the quickest again, each alone for
+200 ms before its 5 calls; then a verdict of the heuristic's pick and both picks, each alone for
+800 ms and then 10 timed calls, in order and reversed, averaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_results  # noqa: E402
+
+import cutlass_ext  # noqa: E402
+
+LLM = ((4096, 4096), (4096, 11008), (11008, 4096))
+WARM_SHAPES = [(16384, 4096, 11008), (4096, 4096, 11008), (16384, 4096, 4096), (8192, 8192, 8192)]
+TUNER_SHAPES = [(m, k, n) for k, n in LLM for m in (2048, 4096, 8192, 16384)] + [(4096, 4096, 4096),
+                                                                                 (8192, 8192, 8192)]
+WARM_MS = [0, 25, 50, 100, 200, 400, 800, 1600]
+WARM_CONFIGS = ["128x128_1x2_pp", "128x256_2x1_coop", None]  # None: the heuristic
+
+
+def median_us(fn, reps: int) -> float:
+    """Median of ``reps`` back-to-back calls, each between two events."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
+    return times[reps // 2]
+
+
+def run_alone(fn, ms: float) -> int:
+    """Back-to-back calls of ``fn`` for ``ms`` milliseconds of wall time; returns how many."""
+    start, calls = time.perf_counter(), 0
+    while (time.perf_counter() - start) * 1e3 < ms:
+        for _ in range(4):
+            fn()
+        calls += 4
+        torch.cuda.synchronize()
+    return calls
+
+
+def clock_and_power():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        return (pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)
+    except Exception:  # no NVML: the times alone
+        return None, None
+
+
+def operands(m: int, k: int, n: int):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    return x, w, b
+
+
+def call(x, w, b, config):
+    return lambda: cutlass_ext.linear(x, w.t(), b, relu=True, config=config)
+
+
+def warm_experiment() -> list:
+    rows = []
+    for m, k, n in WARM_SHAPES:
+        x, w, b = operands(m, k, n)
+        for warm in WARM_MS:
+            for config in WARM_CONFIGS:
+                fn = call(x, w, b, config)
+                fn()
+                torch.cuda.synchronize()
+                time.sleep(0.4)
+                calls = run_alone(fn, warm)
+                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                          for _ in range(10)]
+                for start, end in events:
+                    start.record()
+                    fn()
+                    end.record()
+                clock, watts = clock_and_power()
+                torch.cuda.synchronize()
+                times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
+                row = dict(M=m, K=k, N=n, warm_ms=warm, config=config or "heuristic", median_us=times[5],
+                           min_us=times[0], max_us=times[-1], sm_mhz=clock, watts=watts, warm_calls=calls)
+                rows.append(row)
+                print(row, flush=True)
+    return rows
+
+
+def tuner_experiment() -> list:
+    ext = cutlass_ext.build()
+    ext._configure_tuning("", False)  # an empty in-memory table: no config is tuned behind our back
+    configs = [cfg for name, cfg in ext.kernels()
+               if name.startswith("sm90_bf16_kk_bias_act_") and "_aux_" not in name]
+    rows = []
+    for m, k, n in TUNER_SHAPES:
+        x, w, b = operands(m, k, n)
+        fns = {}
+        for config in configs:
+            fn = call(x, w, b, config)
+            try:
+                fn()
+                fns[config] = fn
+            except RuntimeError:  # not usable for this shape
+                pass
+        fns["heuristic"] = call(x, w, b, None)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        quick = {}
+        for config, fn in fns.items():
+            fn()
+            quick[config] = median_us(fn, 5)
+        quick_s = time.perf_counter() - start
+        quickest = min(t for c, t in quick.items() if c != "heuristic")
+        finalists = [c for c, t in quick.items() if c != "heuristic" and t <= 1.15 * quickest]
+        start = time.perf_counter()
+        sustained = {}
+        for config in finalists:
+            run_alone(fns[config], 200)
+            sustained[config] = median_us(fns[config], 5)
+        sustained_s = time.perf_counter() - start
+        pick_quick = min((c for c in quick if c != "heuristic"), key=quick.get)
+        pick_sustained = min(sustained, key=sustained.get)
+        verdict = {}
+        names = list(dict.fromkeys(["heuristic", pick_quick, pick_sustained]))
+        for order in (names, names[::-1]):
+            for config in order:
+                run_alone(fns[config], 800)
+                verdict.setdefault(config, []).append(median_us(fns[config], 10))
+        verdict = {c: sum(v) / len(v) for c, v in verdict.items()}
+        rows.append(dict(M=m, K=k, N=n, quick=quick, sustained=sustained, pick_quick=pick_quick,
+                         pick_sustained=pick_sustained, quick_s=quick_s, sustained_s=sustained_s,
+                         verdict_us=verdict))
+        print(m, k, n, "pick quick", pick_quick, "sustained", pick_sustained, "verdict",
+              {c: round(t, 1) for c, t in verdict.items()}, f"cost {quick_s:.2f} + {sustained_s:.2f} s", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment", choices=["warm", "tuner"])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    rows = warm_experiment() if args.experiment == "warm" else tuner_experiment()
+    name = "gemm-tuning-regime" if args.experiment == "warm" else "gemm-tuning-sustained-prototype"
+    print(f"wrote {write_results(name, {'rows': rows}, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
