@@ -13,8 +13,9 @@ instead. Two experiments, linear + bias + ReLU (x @ W.T), bf16, with the config 
 then the median of 10 calls, with the SM clock and board power (NVML, when importable) read
 right after. ``tuner``: every built config timed as the autotuner does (one warm-up call, the
 median of 5 back to back) and the candidates within 15% of the quickest again, each alone for
-200 ms before its 5 calls; then a verdict of the heuristic's pick and both picks, each alone for
-800 ms and then 10 timed calls, in order and reversed, averaged.
+200 ms before its 5 calls, and the package's autotuner (``cutlass_ext.tune()``) on an empty
+table; then a verdict of the heuristic's pick and the three picks, each alone for 800 ms and then
+10 timed calls, in order and reversed, averaged.
 """
 
 from __future__ import annotations
@@ -145,17 +146,27 @@ def tuner_experiment() -> list:
         sustained_s = time.perf_counter() - start
         pick_quick = min((c for c in quick if c != "heuristic"), key=quick.get)
         pick_sustained = min(sustained, key=sustained.get)
+        # The package's own autotuner on this bucket, from an empty table.
+        start = time.perf_counter()
+        with cutlass_ext.tune():
+            fns["heuristic"]()
+        torch.cuda.synchronize()
+        package_s = time.perf_counter() - start
+        entries = cutlass_ext.tuning.entries()
+        pick_package = next(iter(entries.values())) if entries else pick_quick
+        ext._clear_tuning()
         verdict = {}
-        names = list(dict.fromkeys(["heuristic", pick_quick, pick_sustained]))
+        names = list(dict.fromkeys(["heuristic", pick_quick, pick_sustained, pick_package]))
         for order in (names, names[::-1]):
             for config in order:
                 run_alone(fns[config], 800)
                 verdict.setdefault(config, []).append(median_us(fns[config], 10))
         verdict = {c: sum(v) / len(v) for c, v in verdict.items()}
         rows.append(dict(M=m, K=k, N=n, quick=quick, sustained=sustained, pick_quick=pick_quick,
-                         pick_sustained=pick_sustained, quick_s=quick_s, sustained_s=sustained_s,
-                         verdict_us=verdict))
-        print(m, k, n, "pick quick", pick_quick, "sustained", pick_sustained, "verdict",
+                         pick_sustained=pick_sustained, pick_package=pick_package, quick_s=quick_s,
+                         sustained_s=sustained_s, package_s=package_s, verdict_us=verdict))
+        print(m, k, n, "pick quick", pick_quick, "sustained", pick_sustained, "package", pick_package,
+              f"({package_s:.2f} s)", "verdict",
               {c: round(t, 1) for c, t in verdict.items()}, f"cost {quick_s:.2f} + {sustained_s:.2f} s", flush=True)
     return rows
 
