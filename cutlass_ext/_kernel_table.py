@@ -44,10 +44,13 @@ class GemmConfig:
         return self.tile_n not in (8, 16, 32, 64, 96, 128, 192, 256)
 
 
-# In order of preference: the binding takes the first data-parallel config whose output tiles
-# fill every SM at least once, else the stream-K config. Measured on an H200 (bench/NOTES.md):
-# the ping-pong 128x128 config beat the cooperative 128x256 (2x1 or 1x2 cluster), 256x128 and
-# stream-K 128x256 configs on 12 of 14 bf16 shapes with M >= 2048.
+# The Hopper base configs, in the order the binding's candidates keep; csrc/bindings/gemm_select.cpp
+# chooses among them by rules on rounds of tiles over the SMs (README, "GEMM configs"). Measured
+# one flushed call at a time on an H200, the ping-pong 128x128 config beat the cooperative 128x256
+# (2x1 or 1x2 cluster), 256x128 and stream-K 128x256 configs on 12 of 14 bf16 shapes with
+# M >= 2048 (bench/NOTES.md section 1); run back to back at the GPU's power cap, as in training,
+# the cooperative 128x256 one holds a higher clock and is faster from 1.5 rounds of its tiles over
+# K >= 4096 (sections 44, 45 and 72), which is where the rules take it for 16-bit types.
 SM90_CONFIGS = (
     GemmConfig(
         "128x128_1x2_pp", 128, 128, 1, 2, "Pingpong", "PersistentScheduler",
