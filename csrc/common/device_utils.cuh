@@ -102,44 +102,36 @@ __device__ __forceinline__ void store_vec(T* dst, const float (&in)[kVec]) {
   }
 }
 
-// Two fp32 values as one 32-bit word of a 16-bit type (the first in the low half), rounded to
-// nearest: one cvt.rn.{bf16x2,f16x2} for CUTLASS's bf16 and fp16, T's own conversion otherwise.
+// CUTLASS's two 16-bit types, the ones pack_pair and unpack_pair take.
+template <class T>
+inline constexpr bool kIsCutlass16 = std::is_same_v<T, cutlass::bfloat16_t> || std::is_same_v<T, cutlass::half_t>;
+
+// Two fp32 values as one 32-bit word of T (the first in the low half), rounded to nearest: one
+// cvt.rn.bf16x2 or cvt.rn.f16x2.
 template <class T>
 __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  static_assert(sizeof(T) == 2, "pack_pair packs 16-bit types");
+  static_assert(kIsCutlass16<T>, "pack_pair packs cutlass::bfloat16_t or cutlass::half_t");
   uint32_t w;
   if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-  } else if constexpr (std::is_same_v<T, cutlass::half_t>) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
   } else {
-    const T a(lo), b(hi);
-    uint16_t ua, ub;
-    memcpy(&ua, &a, 2);
-    memcpy(&ub, &b, 2);
-    w = uint32_t(ua) | uint32_t(ub) << 16;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
   }
   return w;
 }
 
-// The inverse: the two 16-bit values of a word (the low half first) as fp32, exactly.
+// The inverse: the two values of a word of T (the low half first) as fp32, exactly.
 template <class T>
 __device__ __forceinline__ float2 unpack_pair(uint32_t w) {
-  static_assert(sizeof(T) == 2, "unpack_pair unpacks 16-bit types");
+  static_assert(kIsCutlass16<T>, "unpack_pair unpacks cutlass::bfloat16_t or cutlass::half_t");
   if constexpr (std::is_same_v<T, cutlass::bfloat16_t>) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-  } else if constexpr (std::is_same_v<T, cutlass::half_t>) {
+  } else {
     float lo, hi;
     asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
         : "=f"(lo), "=f"(hi)
         : "r"(w));
     return make_float2(lo, hi);
-  } else {
-    T a, b;
-    const uint16_t ua = uint16_t(w), ub = uint16_t(w >> 16);
-    memcpy(&a, &ua, 2);
-    memcpy(&b, &ub, 2);
-    return make_float2(float(a), float(b));
   }
 }
 
