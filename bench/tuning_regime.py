@@ -40,15 +40,23 @@ WARM_MS = [0, 25, 50, 100, 200, 400, 800, 1600]
 WARM_CONFIGS = ["128x128_1x2_pp", "128x256_2x1_coop", None]  # None: the heuristic
 
 
-def median_us(fn, reps: int) -> float:
-    """Median of ``reps`` back-to-back calls, each between two events."""
+def call_times_us(fn, reps: int, while_running=None) -> tuple:
+    """The times of ``reps`` back-to-back calls, each between two events, sorted, and what
+    ``while_running()`` returned: it runs after the calls are queued and before the wait for
+    them (to read the GPU while it works)."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         start.record()
         fn()
         end.record()
+    during = while_running() if while_running is not None else None
     torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
+    return sorted(s.elapsed_time(e) * 1e3 for s, e in events), during
+
+
+def median_us(fn, reps: int) -> float:
+    """Median of ``reps`` back-to-back calls."""
+    times, _ = call_times_us(fn, reps)
     return times[reps // 2]
 
 
@@ -96,15 +104,7 @@ def warm_experiment() -> list:
                 torch.cuda.synchronize()
                 time.sleep(0.4)
                 calls = run_alone(fn, warm)
-                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                          for _ in range(10)]
-                for start, end in events:
-                    start.record()
-                    fn()
-                    end.record()
-                clock, watts = clock_and_power()
-                torch.cuda.synchronize()
-                times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
+                times, (clock, watts) = call_times_us(fn, 10, clock_and_power)
                 row = dict(M=m, K=k, N=n, warm_ms=warm, config=config or "heuristic", median_us=times[5],
                            min_us=times[0], max_us=times[-1], sm_mhz=clock, watts=watts, warm_calls=calls)
                 rows.append(row)
