@@ -2,8 +2,8 @@
 
 By default each GEMM picks its kernel config with a shape heuristic that needs no tuning run.
 With tuning on, the first GEMM of each shape bucket (extents rounded up to powers of two, per
-device, dtype, math mode, operand layouts and epilogue) instead times every built candidate
-once, keeps the fastest, and appends it to a table file so later processes reuse it::
+device, dtype, math mode, operand layouts and epilogue) instead times the built candidates (as
+below), keeps the winner, and appends it to a table file so later processes reuse it::
 
     with cutlass_ext.tune():
         model(example_batch)          # tunes the buckets it meets (synchronizes while tuning)
@@ -14,11 +14,13 @@ once, keeps the fastest, and appends it to a table file so later processes reuse
 to forget it. Calls captured into a CUDA graph never tune (they use the table or the heuristic),
 and an explicit ``config=`` always wins.
 
-Each candidate is timed as a short burst (one warm-up call and the median of five), which runs
-at the GPU's boost clock. A long run of large products (training) runs at the power cap instead,
-where tiles differ in clock: on large 16-bit products the tuner then picks the 128x128 ping-pong
-tile, which ran up to 17% slower there than the heuristic's cooperative 128x256 tile
-(bench/NOTES.md section 72). For such layers the heuristic is the better default.
+A burst of a few calls runs at the GPU's boost clock, while a long run of large products
+(training) runs at the power cap, where the tiles' clocks differ by 10-15%: timed by bursts alone,
+the tuner picked tiles up to 17% slower there than the heuristic's (bench/NOTES.md section 72).
+So the bursts only rank the candidates; those within 10% of the quickest, and the heuristic's
+pick, are timed again, each after running alone for ``CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS``
+milliseconds (default 400; 0 settles a bucket by the bursts alone), and the heuristic's pick stays
+unless one of them is more than 2% faster there. Tuning a bucket thus takes about a second.
 """
 
 from __future__ import annotations
@@ -43,6 +45,16 @@ def autotune_from_environment() -> bool:
     return value == "1"
 
 
+def sustain_ms_from_environment() -> int:
+    value = os.environ.get("CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS", "")
+    if value == "":
+        return 400
+    if not (value.isascii() and value.isdigit()) or int(value) > 10_000:
+        raise ValueError(f"CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS={value!r} must be a whole number of milliseconds "
+                         "from 0 to 10000 (0: time the candidates by short bursts alone)")
+    return int(value)
+
+
 def attach(module: ModuleType) -> None:
     """Loads the table into a freshly loaded extension and applies CUTLASS_EXT_AUTOTUNE."""
     path = tuning_file()
@@ -51,6 +63,7 @@ def attach(module: ModuleType) -> None:
     except OSError:
         pass  # an unwritable location: the table then lives in memory only
     module._configure_tuning(str(path), autotune_from_environment())
+    module._set_tuning_sustain_ms(sustain_ms_from_environment())
 
 
 @contextlib.contextmanager

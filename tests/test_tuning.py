@@ -28,6 +28,19 @@ def test_autotune_switch_rejects_other_values(monkeypatch):
         tuning.autotune_from_environment()
 
 
+@pytest.mark.parametrize("value,expected", [("", 400), ("0", 0), ("250", 250), ("10000", 10000)])
+def test_sustain_setting(monkeypatch, value, expected):
+    monkeypatch.setenv("CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS", value)
+    assert tuning.sustain_ms_from_environment() == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "0.5", "abc", "10001", "\u00b2"])
+def test_sustain_setting_rejects_other_values(monkeypatch, value):
+    monkeypatch.setenv("CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS", value)
+    with pytest.raises(ValueError, match=f"CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS='{value}' must be a whole number"):
+        tuning.sustain_ms_from_environment()
+
+
 def test_attach_hands_the_table_to_the_module(monkeypatch, tmp_path):
     calls = []
 
@@ -35,10 +48,14 @@ def test_attach_hands_the_table_to_the_module(monkeypatch, tmp_path):
         def _configure_tuning(self, path, enabled):
             calls.append((path, enabled))
 
+        def _set_tuning_sustain_ms(self, ms):
+            calls.append(ms)
+
     monkeypatch.setenv("CUTLASS_EXT_TUNING_FILE", str(tmp_path / "sub" / "table.tsv"))
     monkeypatch.setenv("CUTLASS_EXT_AUTOTUNE", "1")
+    monkeypatch.setenv("CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS", "150")
     tuning.attach(Module())
-    assert calls == [(str(tmp_path / "sub" / "table.tsv"), True)]
+    assert calls == [(str(tmp_path / "sub" / "table.tsv"), True), 150]
     assert (tmp_path / "sub").is_dir()
 
 

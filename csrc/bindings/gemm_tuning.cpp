@@ -24,6 +24,7 @@ Table& table() {
 
 std::atomic<bool> g_enabled{false};
 std::atomic<bool> g_nonempty{false};
+std::atomic<int> g_sustain_ms{400};
 
 std::string device_name(int device) {
   static std::mutex mu;
@@ -98,6 +99,10 @@ void configure(const std::string& path, bool enable) {
 }
 
 void set_enabled(bool enable) { g_enabled.store(enable, std::memory_order_relaxed); }
+
+void set_sustain_ms(int ms) { g_sustain_ms.store(ms < 0 ? 0 : ms, std::memory_order_relaxed); }
+
+int sustain_ms() { return g_sustain_ms.load(std::memory_order_relaxed); }
 
 std::vector<std::tuple<std::string, std::string>> entries() {
   Table& t = table();

@@ -31,6 +31,11 @@ void record(const std::string& key, const std::string& config);
 // and turns tuning of unseen buckets on or off.
 void configure(const std::string& path, bool enable);
 void set_enabled(bool enable);
+// How long each finalist of a bucket runs alone before its timing (gemm_tuning_rule.h), in ms;
+// 0 settles a bucket by the quickest burst alone. From CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS (Python
+// parses it); 400 unless set.
+void set_sustain_ms(int ms);
+int sustain_ms();
 std::vector<std::tuple<std::string, std::string>> entries();
 void clear();
 

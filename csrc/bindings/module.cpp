@@ -53,6 +53,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_configure_tuning", &cutlass_ext::tuning::configure);
   m.def("_set_tuning_enabled", &cutlass_ext::tuning::set_enabled);
   m.def("_tuning_enabled", &cutlass_ext::tuning::enabled);
+  m.def("_set_tuning_sustain_ms", &cutlass_ext::tuning::set_sustain_ms);
+  m.def("_tuning_sustain_ms", &cutlass_ext::tuning::sustain_ms);
   m.def("_tuning_entries", &cutlass_ext::tuning::entries);
   m.def("_clear_tuning", &cutlass_ext::tuning::clear);
   m.def("_set_dependent_launch", &cutlass_ext::set_dependent_launch);

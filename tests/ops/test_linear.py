@@ -1361,6 +1361,29 @@ def test_autotune_records_and_reuses(tuning_table):
 
 @requires_cuda
 @requires_sm90_path
+@pytest.mark.parametrize("sustain_ms", [0, 30])
+def test_autotune_with_and_without_the_sustained_round(tuning_table, sustain_ms):
+    # 0: the quickest burst wins; 30: the finalists run alone 30 ms each before their timing
+    # (the rule itself: tests/test_tuning_rule_host.py).
+    ext, _ = tuning_table
+    previous = ext._tuning_sustain_ms()
+    ext._set_tuning_sustain_ms(sustain_ms)
+    assert ext._tuning_sustain_ms() == sustain_ms
+    A = rand(256, 1024, device="cuda", dtype=torch.bfloat16)
+    W = rand(2048, 1024, device="cuda", dtype=torch.bfloat16, scale=1 / 32)
+    bias = rand(2048, device="cuda", dtype=torch.bfloat16)
+    try:
+        with cutlass_ext.tune():
+            y = cutlass_ext.linear(A, W.t(), bias, relu=True)
+    finally:
+        ext._set_tuning_sustain_ms(previous)
+    (config,) = cutlass_ext.tuning.entries().values()
+    assert config in _kernel_table.config_names()
+    assert_close_to_reference(y, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
+
+
+@requires_cuda
+@requires_sm90_path
 def test_autotune_in_place_accumulation_is_not_repeated(tuning_table, monkeypatch):
     # Tuning runs each candidate into scratch outputs: an in-place W += s * B A must add once.
     monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")  # the merge as a GEMM
