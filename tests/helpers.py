@@ -132,9 +132,12 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     """The transposed 64-row tile width (16, 32, 64 or 128) the few-column rule of the GEMM heuristic
     (csrc/bindings/gemm_select.cpp) picks for a bf16 m x k -> n product on ``sms`` SMs, or None
     where K is too long for the rule and the others apply: the widest tile whose grid fills the SMs
-    at least once (at most 64 wide for up to 64 columns with K <= 256), else the narrowest."""
+    at least once (at most 64 wide for up to 64 columns with K <= 256), else the narrowest; None
+    also for 256 columns over K >= 512 where 128x128 tiles make three rounds over the SMs."""
     n_padded = math.ceil(n / 8) * 8
     if k > (4096 if n_padded <= 16 else 1024):
+        return None
+    if n_padded == 256 and k >= 512 and math.ceil(m / 128) * 2 >= 3 * sms:  # three rounds of 128x128 tiles
         return None
     capped = n_padded <= 64 and k <= 256
     widths = (16, 32, 64, 128)

@@ -119,7 +119,9 @@ def test_below_half_a_wave_takes_the_narrowest_one_round_transposed_tile(driver,
 
 @pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
                                    (20000, 512, 17), (3000, 2048, 64), (65536, 4096, 8), (2048, 4096, 16),
-                                   (65536, 256, 64), (65536, 512, 64), (65536, 256, 72)])
+                                   (65536, 256, 64), (65536, 512, 64), (65536, 256, 72), (16384, 512, 256),
+                                   (24000, 512, 256), (25344, 512, 256), (32768, 512, 256), (65536, 1024, 256),
+                                   (65536, 256, 256), (65536, 512, 250)])
 def test_few_columns_take_the_widest_transposed_tile_that_fills_the_sms(driver, m, k, n):
     config, _ = pick(driver, m, k, n)
     expected = narrow_n_tile(m, k, n, SMS)
@@ -134,6 +136,18 @@ def test_few_rows_take_the_narrowest_transposed_tile_that_holds_them(driver, m):
     config, _ = pick(driver, m, 4096, 4096)
     widths = [t for t in TRANSPOSED if 2 * t >= m]
     assert config == TRANSPOSED[min(widths)], config
+
+
+def test_full_width_narrow_layers_over_three_rounds_take_the_ping_pong_tile(driver):
+    # 256 columns over K >= 512 from three rounds of 128x128 tiles (25344 rows on 132 SMs): the
+    # 128x128 ping-pong tile (bench/NOTES.md section 73); one row fewer keeps the transposed tile.
+    assert pick(driver, 25344, 512, 256)[0] == "128x128_1x2_pp"
+    assert pick(driver, 65536, 512, 256)[0] == "128x128_1x2_pp"
+    assert pick(driver, 25216, 512, 256)[0] == "t64x128_pp"
+    assert pick(driver, 65536, 256, 256)[0] == "t64x128_pp"  # a shorter K keeps the rule
+    # The GELU training forward keeps its cooperative tile, TF32 the transposed one.
+    assert pick(driver, 65536, 512, 256, aux=True)[0] == "128x128_2x1_coop"
+    assert pick(driver, 65536, 512, 256, dtype="tf32")[0] == "t64x128_pp"
 
 
 def test_short_k_takes_the_hand_written_kernel(driver):

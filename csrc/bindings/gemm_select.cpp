@@ -64,6 +64,13 @@ constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
 constexpr int64_t kNarrowNCappedMaxN = 64;
 constexpr int64_t kNarrowNCappedMaxK = 256;
 constexpr int64_t kNarrowNCappedTile = 64;
+// 16-bit layers of the rule's full 256 columns over K >= 512 leave it from three rounds of 128x128
+// tiles on: there the 128x128 ping-pong tile ran bias+ReLU forwards 1.06-1.09x faster than the
+// 64x128 transposed tile (bench/linear.py --graphs --sets dlrm against --config 128x128_1x2_pp,
+// H200, bench/NOTES.md section 73: 32768 x 512 -> 256 23.9 against 25.4-25.7 us, 65536 rows
+// 38.1 against 41.6-41.7); at 8192 rows (one round) it ran slower, 13.5 against 12.6-12.8.
+constexpr int64_t kNarrowNWideMinK = 512;
+constexpr int64_t kNarrowNWideMinRounds = 3;
 // Training forwards of GELU/SiLU layers (an aux kernel: the epilogue evaluates the activation and
 // also stores the pre-activation) over a short K are bound by that epilogue, which a ping-pong CTA
 // runs on one math warpgroup at a time (one warp per scheduler, each dependent instruction waits)
@@ -430,7 +437,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // (weight gradients over many rows) keeps the rules below, but up to 16 columns the rule holds
   // to K = 4096 (above).
   const int64_t narrow_max_k = N <= kNarrowNFewColumnsMaxN ? kNarrowNFewColumnsMaxK : kNarrowNMaxK;
-  if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= narrow_max_k && !with_extk_twin) {
+  const bool full_width_rounds = !tf32 && N == kNarrowNMaxN && K >= kNarrowNWideMinK &&
+                                 (M + 127) / 128 * ((N + 127) / 128) * L >= kNarrowNWideMinRounds * sms;
+  if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= narrow_max_k && !with_extk_twin && !full_width_rounds) {
     const bool capped = N <= kNarrowNCappedMaxN && K <= kNarrowNCappedMaxK;
     const GemmKernelEntry* widest = nullptr;
     const GemmKernelEntry* narrowest = nullptr;
