@@ -5,12 +5,15 @@ Layer providers (all on the same bf16 tensors; base weight and bias frozen, lora
   serial        the same with CUTLASS_EXT_LORA_OVERLAP=0: the backward's dA after the dx GEMM on one
                 stream instead of beside it on a second one
   peft          PEFT's LoRA Linear layer (peft.tuners.lora.Linear, adapters in the base dtype), when installed
+  peft_fp32     the same layer as get_peft_model makes it by default: float32 adapters over the 16-bit
+                base (autocast_adapter_dtype=True), the input cast to float32 for the adapter's path
   eager         F.linear(x, W, b) + F.linear(F.linear(dropout(x), A), B) * s   (what PEFT runs)
   compile       torch.compile of the eager formula (dynamic=True: one compile covers all shapes)
   base          the frozen base alone, F.linear(x, W, b); in fwd+bwd only dx is computed
 Merge providers (each times a merge followed by an unmerge, under no_grad):
   cutlass_ext   cutlass_ext.lora_merge(W, A, B, s) then sign=-1
   peft          layer.merge() then layer.unmerge()
+  peft_fp32     the same with PEFT's default float32 adapters
   eager         W += s * B @ A then W -= s * B @ A
   addmm         W.addmm_(B, A, alpha=s) then alpha=-s (torch's one-GEMM in-place form)
 
@@ -46,8 +49,9 @@ from _common import (add_timer_arguments, geomean, graphed_cases, timer_from_arg
 import cutlass_ext  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-LAYER_PROVIDERS = ("cutlass_ext", "serial", "peft", "eager", "compile", "base")
-MERGE_PROVIDERS = ("cutlass_ext", "peft", "eager", "addmm")
+LAYER_PROVIDERS = ("cutlass_ext", "serial", "peft", "peft_fp32", "eager", "compile", "base")
+MERGE_PROVIDERS = ("cutlass_ext", "peft", "peft_fp32", "eager", "addmm")
+PEFT_PROVIDERS = ("peft", "peft_fp32")
 
 # (mode, peer) -> minimum of peer time / cutlass_ext time; "base" is the other way round (ours may be
 # at most 1.15x the frozen base's time).
@@ -56,6 +60,8 @@ TARGETS = {
     ("fwdbwd", "compile"): 1.4,
     ("fwdbwd", "base"): 1 / 1.15,
     ("merge", "peft"): 3.0,
+    ("fwdbwd", "peft_fp32"): 1.8,
+    ("merge", "peft_fp32"): 3.0,
 }
 
 
@@ -64,9 +70,10 @@ def eager_lora(x, w, b, a, bb, scaling: float, p: float):
     return F.linear(x, w, b) + F.linear(F.linear(dropped, a), bb) * scaling
 
 
-def make_peft_layer(w, b, a, bb, r, lora_alpha, p):
-    """PEFT's LoRA Linear around an nn.Linear that shares w and b, adapters set to (a, bb); None
-    when peft is not installed."""
+def make_peft_layer(w, b, a, bb, r, lora_alpha, p, fp32_adapters=False):
+    """PEFT's LoRA Linear around an nn.Linear that shares w and b, adapters set to (a, bb), in
+    their dtype or (fp32_adapters: PEFT's default for a 16-bit base) in float32; None when peft is
+    not installed."""
     try:
         import peft
     except ImportError:
@@ -80,18 +87,22 @@ def make_peft_layer(w, b, a, bb, r, lora_alpha, p):
             self.proj.bias = nn.Parameter(b, requires_grad=False)
 
     config = peft.LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=["proj"], lora_dropout=p)
-    try:
-        model = peft.get_peft_model(Wrapper(), config, autocast_adapter_dtype=False)
-    except TypeError:  # peft older than autocast_adapter_dtype
+    if fp32_adapters:
         model = peft.get_peft_model(Wrapper(), config)
+    else:
+        try:
+            model = peft.get_peft_model(Wrapper(), config, autocast_adapter_dtype=False)
+        except TypeError:  # peft older than autocast_adapter_dtype
+            model = peft.get_peft_model(Wrapper(), config)
     layer = model.base_model.model.proj
+    adapter_dtype = torch.float32 if fp32_adapters else a.dtype
     with torch.no_grad():
-        layer.lora_A["default"].weight.data = a.detach().clone()
-        layer.lora_B["default"].weight.data = bb.detach().clone()
+        layer.lora_A["default"].weight.data = a.detach().to(adapter_dtype, copy=True)
+        layer.lora_B["default"].weight.data = bb.detach().to(adapter_dtype, copy=True)
     return layer
 
 
-def layer_providers(wanted, scaling, p, peft_layer, compiled_eager):
+def layer_providers(wanted, scaling, p, peft_layers, compiled_eager):
     def ours(x, w, b, a, bb):
         return cutlass_ext.lora_linear(x, w, a, bb, b, scaling=scaling, dropout_p=p)
 
@@ -104,8 +115,8 @@ def layer_providers(wanted, scaling, p, peft_layer, compiled_eager):
     table = {"cutlass_ext": ours, "serial": ours, "eager": eager, "base": base}
     if "compile" in wanted:
         table["compile"] = lambda x, w, b, a, bb: compiled_eager(x, w, b, a, bb, scaling, p)
-    if peft_layer is not None:
-        table["peft"] = lambda x, w, b, a, bb: peft_layer(x)
+    for name, layer in peft_layers.items():
+        table[name] = lambda x, w, b, a, bb, layer=layer: layer(x)
     return {k: v for k, v in table.items() if k in wanted}
 
 
@@ -127,7 +138,7 @@ def lora_overlap_off(name):
             os.environ["CUTLASS_EXT_LORA_OVERLAP"] = previous
 
 
-def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer):
+def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layers):
     """A zero-argument callable: one forward (no autograd) or one forward+backward."""
     if mode == "fwd":
         def forward():
@@ -136,8 +147,9 @@ def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer):
 
         return forward
     trained = [x, a, bb]
-    if name == "peft":
-        trained = [x, peft_layer.lora_A["default"].weight, peft_layer.lora_B["default"].weight]
+    if name in peft_layers:
+        layer = peft_layers[name]
+        trained = [x, layer.lora_A["default"].weight, layer.lora_B["default"].weight]
 
     def step():
         for t in trained:
@@ -148,7 +160,7 @@ def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer):
     return step
 
 
-def merge_cases(wanted, w, a, bb, scaling, peft_layer):
+def merge_cases(wanted, w, a, bb, scaling, peft_layers):
     def ours():
         cutlass_ext.lora_merge(w, a, bb, scaling)
         cutlass_ext.lora_merge(w, a, bb, scaling, sign=-1)
@@ -169,8 +181,8 @@ def merge_cases(wanted, w, a, bb, scaling, peft_layer):
         return run
 
     table = {"cutlass_ext": ours, "eager": eager, "addmm": addmm}
-    if peft_layer is not None:
-        table["peft"] = lambda: (peft_layer.merge(), peft_layer.unmerge())
+    for name, layer in peft_layers.items():
+        table[name] = lambda layer=layer: (layer.merge(), layer.unmerge())
     return {k: with_no_grad(v) for k, v in table.items() if k in wanted}
 
 
@@ -219,16 +231,19 @@ def main(argv=None) -> int:
             scaling = args.lora_alpha / r
             a = (torch.randn(r, k, device="cuda", dtype=dtype) / k**0.5).requires_grad_()
             bb = (torch.randn(n, r, device="cuda", dtype=dtype) / r**0.5).requires_grad_()
-            peft_layer = make_peft_layer(w, b, a, bb, r, args.lora_alpha, args.dropout) if "peft" in wanted else None
-            if peft_layer is not None:
-                peft_layer.train()
+            peft_layers = {}
+            for name in PEFT_PROVIDERS:
+                layer = (make_peft_layer(w, b, a, bb, r, args.lora_alpha, args.dropout, fp32_adapters=name == "peft_fp32")
+                         if name in wanted else None)
+                if layer is not None:
+                    peft_layers[name] = layer.train()
             base_row = {"dtype": args.dtype, "K": k, "N": n, "r": r}
             for mode in (m for m in modes if m != "merge"):
-                table = layer_providers(wanted, scaling, args.dropout, peft_layer, compiled_eager)
+                table = layer_providers(wanted, scaling, args.dropout, peft_layers, compiled_eager)
                 for m in tokens:
                     x = torch.randn(m, k, device="cuda", dtype=dtype).requires_grad_(mode == "fwdbwd")
                     grad = torch.randn(m, n, device="cuda", dtype=dtype) if mode == "fwdbwd" else None
-                    cases = {name: layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layer)
+                    cases = {name: layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layers)
                              for name, fn in table.items()}
                     if args.graphs:
                         cases = graphed_cases(cases)
@@ -241,7 +256,7 @@ def main(argv=None) -> int:
                           + ", ".join(f"{p} {us:.0f}us" for p, us in times.items()), flush=True)
                     del x, grad
             if "merge" in modes:
-                cases = merge_cases(wanted, w, a.detach(), bb.detach(), scaling, peft_layer)
+                cases = merge_cases(wanted, w, a.detach(), bb.detach(), scaling, peft_layers)
                 if args.graphs:
                     cases = graphed_cases(cases)
                 times = timer.median_us_many(cases)
@@ -251,7 +266,7 @@ def main(argv=None) -> int:
                 done += 1
                 print(f"[{done}/{total}] merge K={k} N={n} r={r}: "
                       + ", ".join(f"{p} {us:.0f}us" for p, us in times.items()), flush=True)
-            del a, bb, peft_layer
+            del a, bb, peft_layers
         del w, b
     summary = summarize(rows)
     path = write_results("lora", {"cuda_graphs": args.graphs, **timer_settings(args), "rows": rows, "summary": summary,
