@@ -7,6 +7,7 @@ Layer providers (all on the same bf16 tensors; base weight and bias frozen, lora
   peft          PEFT's LoRA Linear layer (peft.tuners.lora.Linear, adapters in the base dtype), when installed
   peft_fp32     the same layer as get_peft_model makes it by default: float32 adapters over the 16-bit
                 base (autocast_adapter_dtype=True), the input cast to float32 for the adapter's path
+  peft_fp32_compile  torch.compile of that layer (one compile per shape)
   eager         F.linear(x, W, b) + F.linear(F.linear(dropout(x), A), B) * s   (what PEFT runs)
   compile       torch.compile of the eager formula (dynamic=True: one compile covers all shapes)
   base          the frozen base alone, F.linear(x, W, b); in fwd+bwd only dx is computed
@@ -49,7 +50,7 @@ from _common import (add_timer_arguments, geomean, graphed_cases, timer_from_arg
 import cutlass_ext  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-LAYER_PROVIDERS = ("cutlass_ext", "serial", "peft", "peft_fp32", "eager", "compile", "base")
+LAYER_PROVIDERS = ("cutlass_ext", "serial", "peft", "peft_fp32", "peft_fp32_compile", "eager", "compile", "base")
 MERGE_PROVIDERS = ("cutlass_ext", "peft", "peft_fp32", "eager", "addmm")
 PEFT_PROVIDERS = ("peft", "peft_fp32")
 
@@ -61,6 +62,7 @@ TARGETS = {
     ("fwdbwd", "base"): 1 / 1.15,
     ("merge", "peft"): 3.0,
     ("fwdbwd", "peft_fp32"): 1.8,
+    ("fwdbwd", "peft_fp32_compile"): 1.4,
     ("merge", "peft_fp32"): 3.0,
 }
 
@@ -117,6 +119,9 @@ def layer_providers(wanted, scaling, p, peft_layers, compiled_eager):
         table["compile"] = lambda x, w, b, a, bb: compiled_eager(x, w, b, a, bb, scaling, p)
     for name, layer in peft_layers.items():
         table[name] = lambda x, w, b, a, bb, layer=layer: layer(x)
+    if "peft_fp32_compile" in wanted and "peft_fp32" in peft_layers:
+        compiled = torch.compile(peft_layers["peft_fp32"], dynamic=False)
+        table["peft_fp32_compile"] = lambda x, w, b, a, bb: compiled(x)
     return {k: v for k, v in table.items() if k in wanted}
 
 
@@ -147,8 +152,8 @@ def layer_case(mode, name, fn, x, w, b, a, bb, grad, peft_layers):
 
         return forward
     trained = [x, a, bb]
-    if name in peft_layers:
-        layer = peft_layers[name]
+    layer = peft_layers.get(name.removesuffix("_compile"))
+    if layer is not None:
         trained = [x, layer.lora_A["default"].weight, layer.lora_B["default"].weight]
 
     def step():
@@ -233,8 +238,9 @@ def main(argv=None) -> int:
             bb = (torch.randn(n, r, device="cuda", dtype=dtype) / r**0.5).requires_grad_()
             peft_layers = {}
             for name in PEFT_PROVIDERS:
+                needed = name in wanted or (name == "peft_fp32" and "peft_fp32_compile" in wanted)
                 layer = (make_peft_layer(w, b, a, bb, r, args.lora_alpha, args.dropout, fp32_adapters=name == "peft_fp32")
-                         if name in wanted else None)
+                         if needed else None)
                 if layer is not None:
                     peft_layers[name] = layer.train()
             base_row = {"dtype": args.dtype, "K": k, "N": n, "r": r}
