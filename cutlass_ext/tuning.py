@@ -20,7 +20,9 @@ the tuner picked tiles up to 17% slower there than the heuristic's (bench/NOTES.
 So the bursts only rank the candidates; those within 10% of the quickest, and the heuristic's
 pick, are timed again, each after running alone for ``CUTLASS_EXT_AUTOTUNE_SUSTAIN_MS``
 milliseconds (default 400; 0 settles a bucket by the bursts alone), and the heuristic's pick stays
-unless one of them is more than 2% faster there. Tuning a bucket thus takes about a second.
+unless one of them is more than 2% faster there. Tuning a bucket thus takes 1-2.5 s. On an H200,
+over 14 large bf16 products, the tuner so kept the heuristic's config on all 14; timed alone at
+the cap, that config was the fastest on 13 and within 1.2% on the 14th (section 73).
 """
 
 from __future__ import annotations
