@@ -7,6 +7,7 @@ instead. Two experiments, linear + bias + ReLU (x @ W.T), bf16, with the config 
 
     python bench/tuning_regime.py warm     # each config alone for 0..1600 ms, then 10 timed calls
     python bench/tuning_regime.py tuner    # the autotuner's quick timing against a sustained one
+    python bench/tuning_regime.py tuner --set mid   # the same on another bench/gemm_configs.py set
 
 ``warm``: for each shape, warm-up length and config (the 128x128 ping-pong tile, the cooperative
 128x256 one and the heuristic's pick): 0.4 s idle, back-to-back calls for the warm-up length,
@@ -30,13 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
+from gemm_configs import SHAPE_SETS  # noqa: E402
 
 import cutlass_ext  # noqa: E402
 
-LLM = ((4096, 4096), (4096, 11008), (11008, 4096))
 WARM_SHAPES = [(16384, 4096, 11008), (4096, 4096, 11008), (16384, 4096, 4096), (8192, 8192, 8192)]
-TUNER_SHAPES = [(m, k, n) for k, n in LLM for m in (2048, 4096, 8192, 16384)] + [(4096, 4096, 4096),
-                                                                                 (8192, 8192, 8192)]
 WARM_MS = [0, 25, 50, 100, 200, 400, 800, 1600]
 WARM_CONFIGS = ["128x128_1x2_pp", "128x256_2x1_coop", None]  # None: the heuristic
 
@@ -121,13 +120,13 @@ def warm_experiment() -> list:
     return rows
 
 
-def tuner_experiment() -> list:
+def tuner_experiment(shapes) -> list:
     ext = cutlass_ext.build()
     ext._configure_tuning("", False)  # an empty in-memory table: no config is tuned behind our back
     configs = [cfg for name, cfg in ext.kernels()
                if name.startswith("sm90_bf16_kk_bias_act_") and "_aux_" not in name]
     rows = []
-    for m, k, n in TUNER_SHAPES:
+    for m, k, n in shapes:
         x, w, b = operands(m, k, n)
         fns = {}
         for config in configs:
@@ -190,9 +189,11 @@ def tuner_experiment() -> list:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiment", choices=["warm", "tuner"])
+    parser.add_argument("--set", default="large", choices=sorted(SHAPE_SETS),
+                        help="the tuner experiment's shapes: a bench/gemm_configs.py set (default large)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    rows = warm_experiment() if args.experiment == "warm" else tuner_experiment()
+    rows = warm_experiment() if args.experiment == "warm" else tuner_experiment(SHAPE_SETS[args.set])
     name = "gemm-tuning-regime" if args.experiment == "warm" else "gemm-tuning-sustained-prototype"
     print(f"wrote {write_results(name, {'rows': rows}, args.out)}")
     return 0
