@@ -238,11 +238,11 @@ def main(argv=None) -> int:
             bb = (torch.randn(n, r, device="cuda", dtype=dtype) / r**0.5).requires_grad_()
             peft_layers = {}
             for name in PEFT_PROVIDERS:
-                needed = name in wanted or (name == "peft_fp32" and "peft_fp32_compile" in wanted)
-                layer = (make_peft_layer(w, b, a, bb, r, args.lora_alpha, args.dropout, fp32_adapters=name == "peft_fp32")
-                         if needed else None)
-                if layer is not None:
-                    peft_layers[name] = layer.train()
+                if name in wanted or (name == "peft_fp32" and "peft_fp32_compile" in wanted):
+                    layer = make_peft_layer(w, b, a, bb, r, args.lora_alpha, args.dropout,
+                                            fp32_adapters=name == "peft_fp32")
+                    if layer is not None:  # peft installed
+                        peft_layers[name] = layer.train()
             base_row = {"dtype": args.dtype, "K": k, "N": n, "r": r}
             for mode in (m for m in modes if m != "merge"):
                 table = layer_providers(wanted, scaling, args.dropout, peft_layers, compiled_eager)
