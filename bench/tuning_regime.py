@@ -16,7 +16,8 @@ right after. ``tuner``: every built config timed as the autotuner does (one warm
 median of 5 back to back) and the candidates within 15% of the quickest again, each alone for
 200 ms before its 5 calls, and the package's autotuner (``cutlass_ext.tune()``) on an empty
 table; then a verdict of the heuristic's config (found by the kernel it launches) and the three
-picks, each distinct config once, each alone for 800 ms and then 10 timed calls, in order and
+picks, each distinct config once, as CUDA graphs of 20 calls (so that no product waits on the
+host's launches), each replayed alone for 800 ms and then the median of 10 replays, in order and
 reversed, averaged.
 """
 
@@ -69,6 +70,32 @@ def run_alone(fn, ms: float) -> int:
         calls += 4
         torch.cuda.synchronize()
     return calls
+
+
+GRAPH_CALLS = 20  # calls in one captured graph of the verdict
+
+
+def graphed(fn, calls: int = GRAPH_CALLS):
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``: its replays keep the GPU busy however
+    short the kernel, where calls from Python leave it idle between kernels shorter than their own
+    launch cost (a 256 x 4096 -> 4096 product read 81.6 us that way, several times its kernel)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def graph_median_us(graph, reps: int, calls: int = GRAPH_CALLS) -> float:
+    """Median over ``reps`` back-to-back replays of ``graph`` of one call's time."""
+    times, _ = call_times_us(graph.replay, reps)
+    return times[reps // 2] / calls
 
 
 def clock_and_power():
@@ -169,12 +196,16 @@ def tuner_experiment(shapes) -> list:
         launched = {config: kernel_names(fn) for config, fn in fns.items()}
         pick_heuristic = next((c for c, names in launched.items()
                                if c != "heuristic" and names == launched["heuristic"]), "heuristic")
+        # Each config as CUDA graphs of GRAPH_CALLS calls, so that the GPU never waits on the
+        # host: alone for 800 ms, then the median of 10 replays.
         verdict = {}
         names = list(dict.fromkeys([pick_heuristic, pick_quick, pick_sustained, pick_package]))
+        graphs = {config: graphed(fns[config]) for config in names}
         for order in (names, names[::-1]):
             for config in order:
-                run_alone(fns[config], 800)
-                verdict.setdefault(config, []).append(median_us(fns[config], 10))
+                run_alone(graphs[config].replay, 800)
+                verdict.setdefault(config, []).append(graph_median_us(graphs[config], 10))
+        del graphs
         verdict = {c: sum(v) / len(v) for c, v in verdict.items()}
         rows.append(dict(M=m, K=k, N=n, quick=quick, sustained=sustained, pick_heuristic=pick_heuristic,
                          pick_quick=pick_quick,
