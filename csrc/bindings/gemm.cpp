@@ -34,6 +34,7 @@
 #include "elementwise/activation_kernels.h"
 #include "elementwise/few_column_backward_kernels.h"
 #include "gemm/gemm_params.h"
+#include "gemm/hold_stream.h"
 
 namespace cutlass_ext {
 namespace {
@@ -181,19 +182,37 @@ bool stream_is_capturing(cudaStream_t stream) {
 }
 
 // Median time of `reps` runs of `fn` on `stream` (after one warm-up run), in milliseconds.
-// Synchronizes: only the opt-in autotuner calls it.
+// The runs are queued behind hold_stream(), so that they run back to back on the GPU: timed as
+// they are issued, a kernel shorter than its launch cost reads as the host's launch rate, and the
+// pick among such kernels is noise (timed so, the autotuner took 1.27x and 1.80x slower configs
+// for the 4.5 and 3.9 us products 2048 x 512 -> 256 and 8192 x 256 -> 64, bench/NOTES.md section
+// 74). Where the hold ended before the last run was queued, the runs are timed again behind a
+// hold four times as long. Synchronizes: only the opt-in autotuner calls it.
 template <class Fn>
 float time_median_ms(cudaStream_t stream, int reps, Fn&& fn) {
   fn();
-  std::vector<cudaEvent_t> events(2 * reps);
+  std::vector<cudaEvent_t> events(2 * reps + 1);
   for (cudaEvent_t& e : events) CE_CHECK(cudaEventCreate(&e) == cudaSuccess, "autotune: cudaEventCreate failed");
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(events[2 * i], stream);
-    fn();
-    cudaEventRecord(events[2 * i + 1], stream);
-  }
-  const cudaError_t err = cudaEventSynchronize(events.back());
+  cudaEvent_t held = events.back();
   std::vector<float> ms(reps, std::numeric_limits<float>::infinity());
+  cudaError_t err = cudaSuccess;
+  for (unsigned hold_us = 100u + 50u * unsigned(reps), tries = 0; tries < 3; hold_us *= 4, ++tries) {
+    err = hold_stream(stream, hold_us);
+    if (err != cudaSuccess) break;
+    cudaEventRecord(held, stream);
+    for (int i = 0; i < reps; ++i) {
+      cudaEventRecord(events[2 * i], stream);
+      fn();
+      cudaEventRecord(events[2 * i + 1], stream);
+    }
+    // Done already: the GPU reached the runs before the last was queued. cudaErrorNotReady (still
+    // holding) is also left as the last error, which the next launch check would read: cleared.
+    const cudaError_t query = cudaEventQuery(held);
+    if (query == cudaErrorNotReady) (void)cudaGetLastError();
+    const bool starved = query == cudaSuccess;
+    err = cudaEventSynchronize(events[2 * reps - 1]);
+    if (err != cudaSuccess || !starved) break;
+  }
   for (int i = 0; i < reps && err == cudaSuccess; ++i) cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]);
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
   CE_CHECK(err == cudaSuccess, "autotune: ", cudaGetErrorString(err));
