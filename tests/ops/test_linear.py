@@ -1384,6 +1384,25 @@ def test_autotune_with_and_without_the_sustained_round(tuning_table, sustain_ms)
 
 @requires_cuda
 @requires_sm90_path
+def test_autotune_of_a_product_shorter_than_its_launch(tuning_table):
+    # A few-microsecond product: the timed runs wait behind a stream hold (gemm.cpp
+    # time_median_ms), whose still-running query must not leave an error for the next launch.
+    A = rand(2048, 256, device="cuda", dtype=torch.bfloat16)
+    W = rand(64, 256, device="cuda", dtype=torch.bfloat16, scale=1 / 16)
+    bias = rand(64, device="cuda", dtype=torch.bfloat16)
+    with cutlass_ext.tune():
+        y = cutlass_ext.linear(A, W.t(), bias, relu=True)
+    (config,) = cutlass_ext.tuning.entries().values()
+    assert config in _kernel_table.config_names()
+    # The next calls launch cleanly and the tuned config gives the same product.
+    again = cutlass_ext.linear(A, W.t(), bias, relu=True)
+    torch.cuda.synchronize()
+    for out in (y, again):
+        assert_close_to_reference(out, ref_linear(A, W.t(), bias, "relu"), peer_linear(A, W.t(), bias, "relu"), "bf16")
+
+
+@requires_cuda
+@requires_sm90_path
 def test_autotune_in_place_accumulation_is_not_repeated(tuning_table, monkeypatch):
     # Tuning runs each candidate into scratch outputs: an in-place W += s * B A must add once.
     monkeypatch.setenv("CUTLASS_EXT_LORA_MERGE_PASS", "0")  # the merge as a GEMM
