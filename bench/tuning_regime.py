@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import graphed, write_results  # noqa: E402
 from gemm_configs import SHAPE_SETS  # noqa: E402
 
 import cutlass_ext  # noqa: E402
@@ -75,26 +75,23 @@ def run_alone(fn, ms: float) -> int:
 GRAPH_CALLS = 20  # calls in one captured graph of the verdict
 
 
-def graphed(fn, calls: int = GRAPH_CALLS):
-    """A CUDA graph of ``calls`` back-to-back calls of ``fn``: its replays keep the GPU busy however
-    short the kernel, where calls from Python leave it idle between kernels shorter than their own
-    launch cost (a 256 x 4096 -> 4096 product read 81.6 us that way, several times its kernel)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+def graphed_calls(name: str, fn, calls: int = GRAPH_CALLS):
+    """The replay of a CUDA graph of ``calls`` back-to-back calls of ``fn`` (_common.graphed): its
+    replays keep the GPU busy however short the kernel, where calls from Python leave it idle
+    between kernels shorter than their own launch cost (a 256 x 4096 -> 4096 product read 81.6 us
+    that way, several times its kernel)."""
+    def calls_of_fn():
         for _ in range(calls):
             fn()
-    torch.cuda.synchronize()
-    return graph
+    replay = graphed(name, calls_of_fn)
+    if replay is None:
+        raise RuntimeError(f"config {name} could not be captured in a CUDA graph")
+    return replay
 
 
-def graph_median_us(graph, reps: int, calls: int = GRAPH_CALLS) -> float:
-    """Median over ``reps`` back-to-back replays of ``graph`` of one call's time."""
-    times, _ = call_times_us(graph.replay, reps)
+def graph_median_us(replay, reps: int, calls: int = GRAPH_CALLS) -> float:
+    """Median over ``reps`` back-to-back replays of a graphed_calls() graph of one call's time."""
+    times, _ = call_times_us(replay, reps)
     return times[reps // 2] / calls
 
 
@@ -189,7 +186,7 @@ def tuner_experiment(shapes) -> list:
         package_s = time.perf_counter() - start
         entries = cutlass_ext.tuning.entries()
         # No entry: the package did not tune this bucket (its heuristic's kernel is a hand-written
-        # one, outside the CUTLASS configs the autotuner chooses among).
+        # one, outside the CUTLASS configs the autotuner chooses among, or there is one candidate).
         pick_package = next(iter(entries.values())) if entries else None
         ext._clear_tuning()
         # The heuristic's own config, by the kernel it launches, so that the verdict times each
@@ -203,12 +200,12 @@ def tuner_experiment(shapes) -> list:
         # host: alone for 800 ms, then the median of 10 replays.
         verdict = {}
         names = list(dict.fromkeys([pick_heuristic, pick_quick, pick_sustained, pick_package]))
-        graphs = {config: graphed(fns[config]) for config in names}
+        replays = {config: graphed_calls(config, fns[config]) for config in names}
         for order in (names, names[::-1]):
             for config in order:
-                run_alone(graphs[config].replay, 800)
-                verdict.setdefault(config, []).append(graph_median_us(graphs[config], 10))
-        del graphs
+                run_alone(replays[config], 800)
+                verdict.setdefault(config, []).append(graph_median_us(replays[config], 10))
+        del replays
         verdict = {c: sum(v) / len(v) for c, v in verdict.items()}
         rows.append(dict(M=m, K=k, N=n, quick=quick, sustained=sustained, pick_heuristic=pick_heuristic,
                          pick_quick=pick_quick,
