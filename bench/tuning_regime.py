@@ -8,6 +8,7 @@ instead. Two experiments, linear + bias + ReLU (x @ W.T), bf16, with the config 
     python bench/tuning_regime.py warm     # each config alone for 0..1600 ms, then 10 timed calls
     python bench/tuning_regime.py tuner    # the autotuner's quick timing against a sustained one
     python bench/tuning_regime.py tuner --set mid   # the same on another bench/gemm_configs.py set
+    python bench/tuning_regime.py configs --set small --rotate   # every config's verdict
 
 ``warm``: for each shape, warm-up length and config (the 128x128 ping-pong tile, the cooperative
 128x256 one and the heuristic's pick): 0.4 s idle, back-to-back calls for the warm-up length,
@@ -18,12 +19,16 @@ median of 5 back to back) and the candidates within 15% of the quickest again, e
 table; then a verdict of the heuristic's config (found by the kernel it launches) and the three
 picks, each distinct config once, as CUDA graphs of 20 calls (so that no product waits on the
 host's launches), each replayed alone for 800 ms and then the median of 10 replays, in order and
-reversed, averaged.
+reversed, averaged. ``configs``: that verdict for every built config that runs the shape (each
+alone for --alone-ms, default 200), the heuristic's among them; with --rotate each call of a graph
+takes the next of enough operand copies to hold twice L2 (bench/_common.operand_copies), so that
+the weights stream from memory as in a model's step and in bench/linear.py's flushed timings.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -31,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import graphed, write_results  # noqa: E402
+from _common import graphed, operand_copies, write_results  # noqa: E402
 from gemm_configs import SHAPE_SETS  # noqa: E402
 
 import cutlass_ext  # noqa: E402
@@ -217,20 +222,79 @@ def tuner_experiment(shapes) -> list:
     return rows
 
 
+def configs_experiment(shapes, alone_ms: float, rotate: bool) -> list:
+    ext = cutlass_ext.build()
+    ext._configure_tuning("", False)  # an empty in-memory table: the heuristic's own picks
+    configs = [cfg for name, cfg in ext.kernels()
+               if name.startswith("sm90_bf16_kk_bias_act_") and "_aux_" not in name]
+    rows = []
+    for m, k, n in shapes:
+        first = operands(m, k, n)
+        sets = operand_copies(*first) if rotate else [first]
+        calls = min(max(GRAPH_CALLS, len(sets)), 128)
+
+        def rotating(config):
+            turn = itertools.cycle(sets)
+
+            def fn():
+                x, w, b = next(turn)
+                return cutlass_ext.linear(x, w.t(), b, relu=True, config=config)
+            return fn
+        fns = {}
+        for config in configs:
+            try:
+                call(*first, config)()
+                fns[config] = rotating(config)
+            except RuntimeError:  # not usable for this shape
+                pass
+        torch.cuda.synchronize()
+        launched = {config: kernel_names(call(*first, config)) for config in fns}
+        heuristic_kernels = kernel_names(call(*first, None))
+        pick_heuristic = next((c for c, names in launched.items() if names == heuristic_kernels), None)
+        if pick_heuristic is None:  # a hand-written kernel outside the CUTLASS configs
+            pick_heuristic = "heuristic"
+            fns["heuristic"] = rotating(None)
+        replays = {config: graphed_calls(config, fn, calls) for config, fn in fns.items()}
+        names = list(replays)
+        verdict = {}
+        for order in (names, names[::-1]):
+            for config in order:
+                run_alone(replays[config], alone_ms)
+                verdict.setdefault(config, []).append(graph_median_us(replays[config], 10, calls))
+        del replays
+        verdict = {c: sum(v) / len(v) for c, v in verdict.items()}
+        best = min(verdict, key=verdict.get)
+        rows.append(dict(M=m, K=k, N=n, operand_sets=len(sets), graph_calls=calls, pick_heuristic=pick_heuristic,
+                         heuristic_kernels=list(heuristic_kernels), best=best,
+                         heuristic_over_best=verdict[pick_heuristic] / verdict[best], verdict_us=verdict))
+        print(m, k, n, "heuristic", pick_heuristic, f"{verdict[pick_heuristic]:.1f} us", "best", best,
+              f"{verdict[best]:.1f} us", {c: round(t, 1) for c, t in sorted(verdict.items(), key=lambda i: i[1])},
+              flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("experiment", choices=["warm", "tuner"])
+    parser.add_argument("experiment", choices=["warm", "tuner", "configs"])
     parser.add_argument("--set", default="large", choices=sorted(SHAPE_SETS),
                         help="the tuner experiment's shapes: a bench/gemm_configs.py set (default large)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--shapes", default=None,
                         help="the tuner experiment's shapes as MxKxN,... (instead of --set)")
+    parser.add_argument("--alone-ms", type=float, default=200.0,
+                        help="configs: how long each config's graph replays alone before its timing")
+    parser.add_argument("--rotate", action="store_true",
+                        help="configs: each call takes the next of operand copies holding twice L2")
     args = parser.parse_args(argv)
     shapes = SHAPE_SETS[args.set]
     if args.shapes:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
-    rows = warm_experiment() if args.experiment == "warm" else tuner_experiment(shapes)
-    name = "gemm-tuning-regime" if args.experiment == "warm" else "gemm-tuning-sustained-prototype"
+    if args.experiment == "warm":
+        rows, name = warm_experiment(), "gemm-tuning-regime"
+    elif args.experiment == "tuner":
+        rows, name = tuner_experiment(shapes), "gemm-tuning-sustained-prototype"
+    else:
+        rows, name = configs_experiment(shapes, args.alone_ms, args.rotate), "gemm-configs-verdict"
     print(f"wrote {write_results(name, {'rows': rows}, args.out)}")
     return 0
 
