@@ -151,8 +151,8 @@ def _transposed(tile_n, k_bytes, use):
 # tiles (select_kernel in csrc/bindings/gemm_select.cpp).
 _ALSO = "; few columns; below half a wave of 128x128 tiles"
 TRANSPOSED_CONFIGS = (
-    _transposed(16, 256, "M <= 32 (transposed product)" + _ALSO),
-    _transposed(32, 256, "M <= 64 (transposed product; also small-M backward and aux outputs)" + _ALSO),
+    _transposed(16, 256, "M <= 16 (transposed product; M <= 32 for other layouts)" + _ALSO),
+    _transposed(32, 256, "M <= 32 (transposed product; M <= 64 for small-M backward and aux outputs)" + _ALSO),
     _transposed(64, 128, "M <= 128 (transposed product)" + _ALSO),
     _transposed(128, 128, "M <= 256 (transposed product); mid M" + _ALSO
                 + "; TF32 with an N-major B: one round of tiles, K <= 4096, up to 1024 rows"),

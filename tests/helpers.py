@@ -132,8 +132,9 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     """The transposed 64-row tile width (16, 32, 64 or 128) the few-column rule of the GEMM heuristic
     (csrc/bindings/gemm_select.cpp) picks for a bf16 m x k -> n product on ``sms`` SMs, or None
     where K is too long for the rule and the others apply: the widest tile whose grid fills the SMs
-    at least once (at most 64 wide for up to 64 columns with K <= 256), else the narrowest; None
-    also for 256 columns over K >= 512 where 128x128 tiles make three rounds over the SMs."""
+    at least once (at most 64 wide for up to 64 columns with K <= 256), else the narrowest, where a
+    grid of a quarter of the SMs' worth of tiles counts as filling them for K <= 512; None also for
+    256 columns over K >= 512 where 128x128 tiles make three rounds over the SMs."""
     n_padded = math.ceil(n / 8) * 8
     if k > (4096 if n_padded <= 16 else 1024):
         return None
@@ -141,8 +142,26 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
         return None
     capped = n_padded <= 64 and k <= 256
     widths = (16, 32, 64, 128)
-    filling = [t for t in widths if math.ceil(n_padded / 64) * math.ceil(m / t) >= sms and not (capped and t > 64)]
+    fill = math.ceil(sms / 4) if k <= 512 else sms
+    filling = [t for t in widths if math.ceil(n_padded / 64) * math.ceil(m / t) >= fill and not (capped and t > 64)]
     return max(filling) if filling else min(widths)
+
+
+def few_rows_tile(m: int, k: int, n: int, sms: int) -> int | None:
+    """The transposed 64-row tile width the few-rows rule of the GEMM heuristic picks for a bf16
+    m x k -> n forward (M <= 256) over K > 2048, or None where it leaves that rule for the general
+    ones: up to 64 rows the tile that holds them in one column tile more than half full where its
+    grid covers a quarter of the SMs; else the narrowest that takes them in two column tiles,
+    unless that grid needs more than two rounds over the SMs past 64 rows."""
+    widths = (16, 32, 64, 128)
+    n_padded = math.ceil(n / 8) * 8
+    one = [t for t in widths if m <= t < 2 * m]
+    if m <= 64 and one and 4 * math.ceil(n_padded / 64) * math.ceil(m / one[0]) >= sms:
+        return one[0]
+    two = min(t for t in widths if 2 * t >= m)
+    if m > 64 and math.ceil(n_padded / 64) * math.ceil(m / two) > 2 * sms:
+        return None
+    return two
 
 
 def wide_tile(m: int, k: int, n: int, sms: int, extk: bool = False) -> bool:

@@ -14,8 +14,8 @@ import pytest
 
 from cutlass_ext import _build, _kernel_table
 
-from .helpers import (ROOT, aux_cooperative, compile_host_program, narrow_kernel_takes, narrow_n_tile,
-                      one_round_tile_n, one_wave_tiles_take, wide_tile)
+from .helpers import (ROOT, aux_cooperative, compile_host_program, few_rows_tile, narrow_kernel_takes,
+                      narrow_n_tile, one_round_tile_n, one_wave_tiles_take, wide_tile)
 
 SMS = 132  # an H100 SXM / H200
 # Co-resident clusters per kernel cluster size on such a GPU (a cluster stays within one GPC, so
@@ -50,7 +50,7 @@ def candidate_lines(k: int, aux: bool = False, dtype: str = "bf16", a_major: str
         else:
             (tile_m, tile_n), cluster, stream_k, transposed = cfg.tile, 1, False, False
         return (f"kernel {cfg.name} {kernel.family} {tile_m} {tile_n} {cluster} {int(stream_k)} {int(transposed)} "
-                f"{CLUSTERS[cluster]} {int(kernel.aux)} {kernel.dtype} {int(kernel.plain)}")
+                f"{CLUSTERS[cluster]} {int(kernel.aux)} {kernel.dtype} {int(kernel.plain)} {kernel.a_major} {kernel.b_major}")
 
     def on_path(kernel, a, b, transposed):  # the few-column kernel is chosen apart, before these
         return (kernel.dtype == dtype and kernel.family in ("sm90", "lowk")
@@ -131,11 +131,31 @@ def test_few_columns_take_the_widest_transposed_tile_that_fills_the_sms(driver, 
         assert config == TRANSPOSED[expected], config
 
 
-@pytest.mark.parametrize("m", [1, 16, 17, 32, 64, 100, 128, 200, 256])
-def test_few_rows_take_the_narrowest_transposed_tile_that_holds_them(driver, m):
-    config, _ = pick(driver, m, 4096, 4096)
-    widths = [t for t in TRANSPOSED if 2 * t >= m]
-    assert config == TRANSPOSED[min(widths)], config
+@pytest.mark.parametrize("m", [1, 16, 17, 24, 32, 33, 48, 64, 100, 128, 200, 256])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (11008, 4096), (4096, 11008)])
+def test_few_rows_take_the_narrowest_transposed_tile_that_holds_them(driver, m, k, n):
+    config, splits = pick(driver, m, k, n)
+    expected = few_rows_tile(m, k, n, SMS)
+    if expected is not None:
+        assert config == TRANSPOSED[expected], config
+    elif m <= 128:  # 65-256 rows past two rounds of transposed tiles: below a round of 128x128 tiles
+        assert config == "128x128_1x1_coop_sk", config
+    else:  # between one round of 128x128 tiles and two: one round of 128x192 tiles (116 of them)
+        assert config == "128x192_2x1_coop", config
+
+
+def test_few_rows_rules_for_a_forward_against_a_weight_only(driver):
+    """The one-column-tile and two-round rules are the forward's (K-major A and B): another layout,
+    the training forward's GELU output and LoRA's products keep the earlier rules."""
+    assert pick(driver, 32, 4096, 4096)[0] == TRANSPOSED[32]
+    assert pick(driver, 32, 4096, 4096, extk=True)[0] == TRANSPOSED[16]
+    assert pick(driver, 64, 4096, 4096)[0] == TRANSPOSED[64]
+    assert pick(driver, 64, 4096, 4096, aux=True)[0] == TRANSPOSED[32]
+    assert pick(driver, 128, 4096, 11008)[0] == "128x128_1x1_coop_sk"
+    assert pick(driver, 128, 4096, 11008, aux=True)[0] == TRANSPOSED[64]
+    assert pick(driver, 128, 4096, 11008, extk=True)[0] == TRANSPOSED[64]
+    assert pick(driver, 8192, 256, 64)[0] == TRANSPOSED[64]
+    assert pick(driver, 8192, 256, 64, aux=True)[0] == TRANSPOSED[32]
 
 
 def test_full_width_narrow_layers_over_three_rounds_take_the_ping_pong_tile(driver):
@@ -511,7 +531,9 @@ def test_few_rows_over_a_short_k_take_the_tile_of_fewest_round_columns(driver, m
 def test_rounds_rule_keeps_to_its_measured_range(driver):
     assert pick(driver, 64, 2048, 1024) == ("t64x32k128_pp", 1)  # up to 64 rows: the narrowest holding them
     assert pick(driver, 160, 4096, 4096)[0] == "t64x128_pp"  # K > 2048
-    assert pick(driver, 160, 2048, 11008)[0] == "t64x128_pp"  # B over 8M elements
+    # B over 8M elements: not the rounds rule's 32-wide tile; 344 tiles of 64x128 (2.6 rounds) leave
+    # the transposed rule for one round of 128x192 tiles
+    assert pick(driver, 160, 2048, 11008)[0] == "128x192_2x1_coop"
     assert pick(driver, 128, 1024, 1024, aux=True)[0] == "t64x32k128_pp"  # the aux tiles follow it too
 
 

@@ -20,6 +20,21 @@ constexpr int64_t kTransposedMaxM = 256;
 constexpr int64_t kTransposedShortKMaxM = 64;
 constexpr int64_t kTransposedShortK = 12288;
 constexpr int64_t kTransposedMinTiles = 8;
+// A 16-bit forward against a weight (K-major A and B, no LoRA pair), up to kTransposedShortKMaxM
+// rows: the transposed tile that holds the rows in one column tile more than half full, where its
+// grid covers at least a quarter of the SMs; two column tiles of half the width re-read each weight
+// tile and ran slower. Measured on an H200 (bf16 bias+ReLU, each config's CUDA graph alone, every
+// call's weight out of L2; bench/NOTES.md section 75): 32 x 4096 -> 4096 11.4 us on the 64x32 tile
+// against 12.9 on the 64x16 one, 32 x 11008 -> 4096 24.3 against 26.2, 64 x 4096 -> 4096 11.8 on
+// the 64x64 tile against 13.0 on the 64x32 one, 64 x 4096 -> 11008 and 64 x 11008 -> 4096 within
+// 3% either way. At 128 rows two 64-wide column tiles stayed ahead of one 128-wide (128 x 11008 ->
+// 4096: 32.3 against 36.9 us).
+// Past that, 65-256 rows whose transposed grid takes more than kTransposedMaxRounds rounds over
+// the SMs leave the transposed rule for the general ones (the stream-K 128x128 tile below one
+// round of 128x128 tiles, the one-round 128x192 / 128x256 tiles between one and two): 128 x 4096
+// -> 11008 (344 tiles of 64x64) 33.0 us on the stream-K tile against 35.0, 256 x 4096 -> 11008
+// (344 of 64x128) 44.4 on the 128x192 tiles against 50.6.
+constexpr int64_t kTransposedMaxRounds = 2;
 // 65-256 rows with K <= kRoundsMaxK and B of at most kRoundsMaxElements (16 MB of 16-bit values):
 // the non-split transposed tile whose rounds of tiles cost the fewest columns
 // (fewest_round_columns). On the H200 (bf16 matmul and linear, 64-256 rows x K 512-2048 x
@@ -64,6 +79,13 @@ constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
 constexpr int64_t kNarrowNCappedMaxN = 64;
 constexpr int64_t kNarrowNCappedMaxK = 256;
 constexpr int64_t kNarrowNCappedTile = 64;
+// A 16-bit forward against a weight with K <= 512: a grid of a quarter of the SMs' worth of tiles
+// counts as filling them. One round of fewer, wider tiles ran faster than more of the narrowest
+// (H200, bf16 bias+ReLU, CUDA graphs, operands in L2 / out of it; bench/NOTES.md section 75):
+// 2048 x 256 -> 64 2.5 / 2.8 us on 64 tiles of 64x32 against 3.1 / 3.2 on 128 of 64x16, 8192 x 256
+// -> 64 3.5 / 3.9 on 128 of 64x64 against 3.9 / 4.2 on 256 of 64x32, 2048 x 512 -> 256 4.1 / 4.5
+// on 64 of 64x128 against 4.5 / 4.6 on 256 of 64x32.
+constexpr int64_t kNarrowNQuarterFillMaxK = 512;
 // 16-bit layers of the rule's full 256 columns over K >= 512 leave it from three rounds of 128x128
 // tiles on: there the 128x128 ping-pong tile ran bias+ReLU forwards 1.06-1.09x faster than the
 // 64x128 transposed tile (bench/linear.py --graphs --sets dlrm against --config 128x128_1x2_pp,
@@ -372,6 +394,16 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
       std::all_of(cutlass.begin(), cutlass.end(), [](const GemmKernelEntry* e) { return e->transposed; });
   const bool tf32 = cutlass.front()->dtype == DType::kF32;
   const bool tf32_n_major = only_transposed && tf32;
+  // A 16-bit product of the forward's layout (x @ weight.t(): K-major A and B) without the aux
+  // output, outside LoRA's extended-K products: what the rules for few rows and few columns were
+  // last measured on.
+  const GemmKernelEntry* direct = nullptr;
+  for (const GemmKernelEntry* e : cutlass) {
+    if (!e->transposed && direct == nullptr) direct = e;
+  }
+  const bool weight_forward = !tf32 && !with_extk_twin && direct != nullptr && !direct->aux &&
+                              direct->a_major == Major::kK && direct->b_major == Major::kK;
+  bool past_transposed = false;  // 65-256 rows sent to the general rules (kTransposedMaxRounds)
   if (tf32_n_major) {
     if (const GemmKernelEntry* e = tf32_n_major_kernel(cutlass, M, N, K, L, sms)) return e;
   }
@@ -379,7 +411,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   // column tiles (measured best on the H200), provided its tiles occupy at least a quarter of
   // the SMs, or K is short enough for fewer tiles (above), or it splits K (a narrow N with a
   // long K, like a weight gradient, goes to split-K). For 65-256 rows over a short K and a small
-  // B, the tile of fewest round columns instead (kRoundsMaxK).
+  // B, the tile of fewest round columns instead (kRoundsMaxK). A 16-bit forward against a weight
+  // takes up to 64 rows in one column tile, and leaves the rule for 65-256 rows whose grid takes
+  // more than two rounds (kTransposedMaxRounds).
   // TF32 (whose transposed tiles for a K-major B include a stream-K one as narrow as the 32-wide
   // ping-pong tile) takes the ping-pong tile on a tie where its grid runs in one round: 1024^2
   // with 16-64 rows 10.8-10.9 us against 21.1-21.2, 64 x 4096 -> 4096 30.6 against 34.8 (H200,
@@ -405,6 +439,21 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
           if (const GemmKernelEntry* e = tf32_full_column_tiles(cutlass, M, N, L, sms)) return e;
         }
         best = nullptr;  // the general rules
+      }
+    }
+    if (best != nullptr && weight_forward) {
+      if (M <= kTransposedShortKMaxM) {
+        const GemmKernelEntry* one_tile = nullptr;  // the rows in one column tile, more than half full
+        for (const GemmKernelEntry* e : cutlass) {
+          if (e->transposed && !e->stream_k && e->tile_n >= M && e->tile_n < 2 * M &&
+              (one_tile == nullptr || e->tile_n < one_tile->tile_n)) {
+            one_tile = e;
+          }
+        }
+        if (one_tile != nullptr && 4 * output_tiles(*one_tile, M, N, L) >= sms) return one_tile;
+      } else if (output_tiles(*best, M, N, L) > kTransposedMaxRounds * sms) {
+        best = nullptr;
+        past_transposed = true;
       }
     }
     if (best != nullptr) {
@@ -441,11 +490,12 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
                                  (M + 127) / 128 * ((N + 127) / 128) * L >= kNarrowNWideMinRounds * sms;
   if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= narrow_max_k && !with_extk_twin && !full_width_rounds) {
     const bool capped = N <= kNarrowNCappedMaxN && K <= kNarrowNCappedMaxK;
+    const int64_t narrow_fill = weight_forward && K <= kNarrowNQuarterFillMaxK ? (sms + 3) / 4 : sms;
     const GemmKernelEntry* widest = nullptr;
     const GemmKernelEntry* narrowest = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (!e->transposed || e->stream_k || e->tile_m != 64) continue;
-      if (output_tiles(*e, M, N, L) >= int64_t(sms) && !(capped && e->tile_n > kNarrowNCappedTile) &&
+      if (output_tiles(*e, M, N, L) >= narrow_fill && !(capped && e->tile_n > kNarrowNCappedTile) &&
           (widest == nullptr || e->tile_n > widest->tile_n)) {
         widest = e;
       }
@@ -498,7 +548,8 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
   //     row-major B, the aux output) stream-K stays.
   // Only past one round of 128x128 tiles: one round of them is fuller than any wider one.
   const GemmKernelEntry* mid_round =
-      best_dp != nullptr && !tf32 && !only_transposed && M > kTransposedMaxM && !with_extk_twin && K >= kOneRoundMinK &&
+      best_dp != nullptr && !tf32 && !only_transposed && (M > kTransposedMaxM || past_transposed) && !with_extk_twin &&
+              K >= kOneRoundMinK &&
               dp_tiles > sms && dp_tiles < 2 * int64_t(sms)
           ? one_round_tile(cutlass, *best_dp, M, N, L, sms, K >= kMidCooperativeMinK && !stream_k_round)
           : nullptr;

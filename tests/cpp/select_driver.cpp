@@ -1,7 +1,7 @@
 // Runs the GEMM kernel heuristic (csrc/bindings/gemm_select.h) on kernel entries and shapes read
 // from stdin, without a GPU (tests/test_select.py). Lines:
 //   kernel <config> <family> <tile_m> <tile_n> <cluster_size> <stream_k> <transposed> <active_clusters> <aux>
-//          <dtype: bf16, fp16 or tf32> <plain: 1 for a plain-epilogue kernel>
+//          <dtype: bf16, fp16 or tf32> <plain: 1 for a plain-epilogue kernel> [<a_major: k or m> <b_major: k or n>]
 //     appends a candidate (kernel table order; the transposed kernels last, as the binding does);
 //   extk <config>
 //     adds an extended-K kernel of that config (the twins a product with LoRA's pair can use);
@@ -73,6 +73,11 @@ int main() {
               "kernel line")) {
         return 1;
       }
+      std::string a_major = "k", b_major = "k";  // optional: K-major operands where left out
+      if (in >> a_major && bad(in >> b_major && (a_major == "k" || a_major == "m") && (b_major == "k" || b_major == "n"),
+                               "kernel line's majors")) {
+        return 1;
+      }
       const int slot = int(candidates.size());
       g_clusters[slot] = clusters;
       strings.push_back(config);
@@ -92,6 +97,8 @@ int main() {
       e.transposed = transposed != 0;
       e.aux = aux != 0;
       e.plain = plain != 0;
+      e.a_major = a_major == "k" ? cutlass_ext::Major::kK : cutlass_ext::Major::kMN;
+      e.b_major = b_major == "k" ? cutlass_ext::Major::kK : cutlass_ext::Major::kMN;
       e.active_clusters = kClusterFns[slot];
       entries.push_back(e);
       candidates.push_back(&entries.back());

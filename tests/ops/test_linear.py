@@ -18,7 +18,7 @@ from cutlass_ext.ops import linear as linear_ops
 from ..conftest import HAS_CUDA, requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, aux_cooperative, capture_cuda_graph,
                        cuda_kernels_run, every_value, fp32_precision, gemm_kernels_run, narrow_kernel_takes,
-                       narrow_n_tile, one_round_tile_n, one_wave_tiles_take, unit_in_last_place, wide_tile)
+                       few_rows_tile, narrow_n_tile, one_round_tile_n, one_wave_tiles_take, unit_in_last_place, wide_tile)
 
 DTYPE_NAMES = ["fp16", "bf16", "fp32", pytest.param("tf32", marks=requires_cuda)]
 # Tests of Hopper-path features (several configs per call) skip when the suite runs the Ampere path.
@@ -1012,6 +1012,25 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     if narrow_kernel_takes(m, k, n):  # the hand-written narrow kernel comes first
         assert NARROW in name, name
     elif expected is None:  # a long K keeps the other rules
+        assert name not in forced.values(), name
+    else:
+        assert name == forced[expected], (name, expected)
+
+
+# Few rows against a weight: up to 64 rows the transposed tile that holds them in one column tile;
+# 65-256 rows in two column tiles, unless that grid takes more than two rounds over the SMs, where
+# the general rules take the 128-row tiles.
+
+
+@requires_cuda
+@requires_sm90_path
+@pytest.mark.parametrize("m,k,n", [(16, 4096, 4096), (32, 4096, 4096), (64, 4096, 11008), (128, 11008, 4096),
+                                   (128, 4096, 11008), (256, 4096, 11008)])
+def test_few_rows_take_the_transposed_tile_that_holds_them(m, k, n):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    name, forced = heuristic_and_transposed_tiles(m, k, n)
+    expected = few_rows_tile(m, k, n, sms)
+    if expected is None:
         assert name not in forced.values(), name
     else:
         assert name == forced[expected], (name, expected)
