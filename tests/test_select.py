@@ -158,6 +158,18 @@ def test_few_rows_rules_for_a_forward_against_a_weight_only(driver):
     assert pick(driver, 8192, 256, 64, aux=True)[0] == TRANSPOSED[32]
 
 
+@pytest.mark.parametrize("m,k,n,expected", [
+    (2048, 256, 64, 32),    # 64 tiles (a quarter of the SMs under the 64-wide cap) against 128 of 64x16
+    (8192, 256, 64, 64),    # 128 tiles against 256 of 64x32
+    (65536, 256, 64, 64),   # the cap
+    (2048, 512, 256, 64),   # 128 tiles (three quarters of the SMs) against 256 of 64x32 and 64 of 64x128
+    (8192, 512, 256, 128),  # 256 tiles: one round of the widest
+    (2048, 1024, 256, 32),  # K > 512: the grid must fill the SMs (256 tiles of 64x32)
+])
+def test_narrow_layers_count_part_of_the_sms_as_filled(driver, m, k, n, expected):
+    assert pick(driver, m, k, n)[0] == TRANSPOSED[expected]
+
+
 def test_full_width_narrow_layers_over_three_rounds_take_the_ping_pong_tile(driver):
     # 256 columns over K >= 512 from three rounds of 128x128 tiles (25344 rows on 132 SMs): the
     # 128x128 ping-pong tile (bench/NOTES.md section 73); one row fewer keeps the transposed tile.

@@ -80,12 +80,13 @@ constexpr int64_t kNarrowNCappedMaxN = 64;
 constexpr int64_t kNarrowNCappedMaxK = 256;
 constexpr int64_t kNarrowNCappedTile = 64;
 // A 16-bit forward against a weight with K <= 512: a grid of a quarter of the SMs' worth of tiles
-// counts as filling them. One round of fewer, wider tiles ran faster than more of the narrowest
-// (H200, bf16 bias+ReLU, CUDA graphs, operands in L2 / out of it; bench/NOTES.md section 75):
-// 2048 x 256 -> 64 2.5 / 2.8 us on 64 tiles of 64x32 against 3.1 / 3.2 on 128 of 64x16, 8192 x 256
-// -> 64 3.5 / 3.9 on 128 of 64x64 against 3.9 / 4.2 on 256 of 64x32, 2048 x 512 -> 256 4.1 / 4.5
-// on 64 of 64x128 against 4.5 / 4.6 on 256 of 64x32.
-constexpr int64_t kNarrowNQuarterFillMaxK = 512;
+// counts as filling them where the tile is capped (above), three quarters elsewhere. One round of
+// fewer, wider tiles ran faster than more rounds of narrower ones (H200, bf16 bias+ReLU, each
+// config's CUDA graph alone, operands in L2 / out of it; bench/NOTES.md section 75): 2048 x 256 ->
+// 64 2.5 / 2.8 us on 64 tiles of 64x32 against 3.1 / 3.2 on 128 of 64x16 (32 of 64x64: 2.7 / 3.0),
+// 8192 x 256 -> 64 3.5 / 3.9 on 128 of 64x64 against 3.9 / 4.2 on 256 of 64x32, 2048 x 512 -> 256
+// 4.1 / 4.3 on 128 of 64x64 against 4.5 / 4.6 on 256 of 64x32 (64 of 64x128: 4.1 / 4.5).
+constexpr int64_t kNarrowNShortFillMaxK = 512;
 // 16-bit layers of the rule's full 256 columns over K >= 512 leave it from three rounds of 128x128
 // tiles on: there the 128x128 ping-pong tile ran bias+ReLU forwards 1.06-1.09x faster than the
 // 64x128 transposed tile (bench/linear.py --graphs --sets dlrm against --config 128x128_1x2_pp,
@@ -490,7 +491,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
                                  (M + 127) / 128 * ((N + 127) / 128) * L >= kNarrowNWideMinRounds * sms;
   if (M > kTransposedMaxM && N <= kNarrowNMaxN && K <= narrow_max_k && !with_extk_twin && !full_width_rounds) {
     const bool capped = N <= kNarrowNCappedMaxN && K <= kNarrowNCappedMaxK;
-    const int64_t narrow_fill = weight_forward && K <= kNarrowNQuarterFillMaxK ? (sms + 3) / 4 : sms;
+    const int64_t narrow_fill = !weight_forward || K > kNarrowNShortFillMaxK ? sms
+                                : capped                                   ? (sms + 3) / 4
+                                                                           : (3 * sms + 3) / 4;
     const GemmKernelEntry* widest = nullptr;
     const GemmKernelEntry* narrowest = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
