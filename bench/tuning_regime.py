@@ -222,12 +222,13 @@ def tuner_experiment(shapes) -> list:
     return rows
 
 
-def configs_experiment(shapes, alone_ms: float, rotate: bool) -> list:
+def configs_experiment(shapes, alone_ms: float, rotate: bool, activation: str = "relu") -> list:
     ext = cutlass_ext.build()
     ext._configure_tuning("", False)  # an empty in-memory table: the heuristic's own picks
     configs = [cfg for name, cfg in ext.kernels()
                if name.startswith("sm90_bf16_kk_bias_act_") and "_aux_" not in name]
     rows = []
+    epilogue = None if activation == "none" else activation
     for m, k, n in shapes:
         first = operands(m, k, n)
         sets = operand_copies(*first) if rotate else [first]
@@ -238,18 +239,22 @@ def configs_experiment(shapes, alone_ms: float, rotate: bool) -> list:
 
             def fn():
                 x, w, b = next(turn)
-                return cutlass_ext.linear(x, w.t(), b, relu=True, config=config)
+                return cutlass_ext.linear(x, w.t(), b, activation=epilogue, config=config)
             return fn
+
+        def once(config):
+            x, w, b = first
+            return lambda: cutlass_ext.linear(x, w.t(), b, activation=epilogue, config=config)
         fns = {}
         for config in configs:
             try:
-                call(*first, config)()
+                once(config)()
                 fns[config] = rotating(config)
             except RuntimeError:  # not usable for this shape
                 pass
         torch.cuda.synchronize()
-        launched = {config: kernel_names(call(*first, config)) for config in fns}
-        heuristic_kernels = kernel_names(call(*first, None))
+        launched = {config: kernel_names(once(config)) for config in fns}
+        heuristic_kernels = kernel_names(once(None))
         pick_heuristic = next((c for c, names in launched.items() if names == heuristic_kernels), None)
         if pick_heuristic is None:  # a hand-written kernel outside the CUTLASS configs
             pick_heuristic = "heuristic"
@@ -264,7 +269,7 @@ def configs_experiment(shapes, alone_ms: float, rotate: bool) -> list:
         del replays
         verdict = {c: sum(v) / len(v) for c, v in verdict.items()}
         best = min(verdict, key=verdict.get)
-        rows.append(dict(M=m, K=k, N=n, operand_sets=len(sets), graph_calls=calls, pick_heuristic=pick_heuristic,
+        rows.append(dict(M=m, K=k, N=n, activation=activation, operand_sets=len(sets), graph_calls=calls, pick_heuristic=pick_heuristic,
                          heuristic_kernels=list(heuristic_kernels), best=best,
                          heuristic_over_best=verdict[pick_heuristic] / verdict[best], verdict_us=verdict))
         print(m, k, n, "heuristic", pick_heuristic, f"{verdict[pick_heuristic]:.1f} us", "best", best,
@@ -283,6 +288,8 @@ def main(argv=None) -> int:
                         help="the tuner experiment's shapes as MxKxN,... (instead of --set)")
     parser.add_argument("--alone-ms", type=float, default=200.0,
                         help="configs: how long each config's graph replays alone before its timing")
+    parser.add_argument("--activation", default="relu", choices=["none", "relu", "gelu", "gelu_tanh", "silu"],
+                        help="configs: the epilogue's activation (the forward without the aux output)")
     parser.add_argument("--rotate", action="store_true",
                         help="configs: each call takes the next of operand copies holding twice L2")
     args = parser.parse_args(argv)
@@ -294,7 +301,7 @@ def main(argv=None) -> int:
     elif args.experiment == "tuner":
         rows, name = tuner_experiment(shapes), "gemm-tuning-sustained-prototype"
     else:
-        rows, name = configs_experiment(shapes, args.alone_ms, args.rotate), "gemm-configs-verdict"
+        rows, name = configs_experiment(shapes, args.alone_ms, args.rotate, args.activation), "gemm-configs-verdict"
     print(f"wrote {write_results(name, {'rows': rows}, args.out)}")
     return 0
 
