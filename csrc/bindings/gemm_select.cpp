@@ -20,10 +20,10 @@ constexpr int64_t kTransposedMaxM = 256;
 constexpr int64_t kTransposedShortKMaxM = 64;
 constexpr int64_t kTransposedShortK = 12288;
 constexpr int64_t kTransposedMinTiles = 8;
-// A 16-bit forward against a weight (K-major A and B, no LoRA pair), up to kTransposedShortKMaxM
-// rows: the transposed tile that holds the rows in one column tile more than half full, where its
-// grid covers at least a quarter of the SMs; two column tiles of half the width re-read each weight
-// tile and ran slower. Measured on an H200 (bf16 bias+ReLU, each config's CUDA graph alone, every
+// A 16-bit forward against a weight (K-major A and B, no aux output or LoRA pair), up to
+// kTransposedShortKMaxM rows: the transposed tile that holds the rows in one column tile more than
+// half full, where its grid covers at least a quarter of the SMs; two column tiles of half the
+// width re-read each weight tile and ran slower. Measured on an H200 (bf16 bias+ReLU, each config's CUDA graph alone, every
 // call's weight out of L2; bench/NOTES.md section 75): 32 x 4096 -> 4096 11.4 us on the 64x32 tile
 // against 12.9 on the 64x16 one, 32 x 11008 -> 4096 24.3 against 26.2, 64 x 4096 -> 4096 11.8 on
 // the 64x64 tile against 13.0 on the 64x32 one, 64 x 4096 -> 11008 and 64 x 11008 -> 4096 within
