@@ -126,8 +126,13 @@ def operands(m: int, k: int, n: int):
     return x, w, b
 
 
-def call(x, w, b, config):
-    return lambda: cutlass_ext.linear(x, w.t(), b, relu=True, config=config)
+def call(x, w, b, config, activation="relu"):
+    return lambda: cutlass_ext.linear(x, w.t(), b, activation=activation, config=config)
+
+
+def forward_configs(ext) -> list:
+    """The built bf16 configs of the forward against a weight (bias + activation, no aux output)."""
+    return [cfg for name, cfg in ext.kernels() if name.startswith("sm90_bf16_kk_bias_act_") and "_aux_" not in name]
 
 
 def warm_experiment() -> list:
@@ -152,8 +157,7 @@ def warm_experiment() -> list:
 def tuner_experiment(shapes) -> list:
     ext = cutlass_ext.build()
     ext._configure_tuning("", False)  # an empty in-memory table: no config is tuned behind our back
-    configs = [cfg for name, cfg in ext.kernels()
-               if name.startswith("sm90_bf16_kk_bias_act_") and "_aux_" not in name]
+    configs = forward_configs(ext)
     rows = []
     for m, k, n in shapes:
         x, w, b = operands(m, k, n)
@@ -225,8 +229,7 @@ def tuner_experiment(shapes) -> list:
 def configs_experiment(shapes, alone_ms: float, rotate: bool, activation: str = "relu") -> list:
     ext = cutlass_ext.build()
     ext._configure_tuning("", False)  # an empty in-memory table: the heuristic's own picks
-    configs = [cfg for name, cfg in ext.kernels()
-               if name.startswith("sm90_bf16_kk_bias_act_") and "_aux_" not in name]
+    configs = forward_configs(ext)
     rows = []
     epilogue = None if activation == "none" else activation
     for m, k, n in shapes:
@@ -235,16 +238,11 @@ def configs_experiment(shapes, alone_ms: float, rotate: bool, activation: str = 
         calls = min(max(GRAPH_CALLS, len(sets)), 128)
 
         def rotating(config):
-            turn = itertools.cycle(sets)
-
-            def fn():
-                x, w, b = next(turn)
-                return cutlass_ext.linear(x, w.t(), b, activation=epilogue, config=config)
-            return fn
+            turn = itertools.cycle([call(*operand_set, config, epilogue) for operand_set in sets])
+            return lambda: next(turn)()
 
         def once(config):
-            x, w, b = first
-            return lambda: cutlass_ext.linear(x, w.t(), b, activation=epilogue, config=config)
+            return call(*first, config, epilogue)
         fns = {}
         for config in configs:
             try:
