@@ -128,6 +128,9 @@ def narrow_kernel_takes(rows: int, k: int, n: int, b_major: str = "k") -> bool:
     return 4 < n <= 64 and k <= 64 and n * k <= 2048 and rows >= 512 and readable
 
 
+TRANSPOSED_WIDTHS = (16, 32, 64, 128)  # the transposed 64-row tiles' widths (cutlass_ext/_kernel_table.py)
+
+
 def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     """The transposed 64-row tile width (16, 32, 64 or 128) the few-column rule of the GEMM heuristic
     (csrc/bindings/gemm_select.cpp) picks for a bf16 m x k -> n product on ``sms`` SMs, or None
@@ -142,10 +145,10 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     if n_padded == 256 and k >= 512 and math.ceil(m / 128) * 2 >= 3 * sms:  # three rounds of 128x128 tiles
         return None
     capped = n_padded <= 64 and k <= 256
-    widths = (16, 32, 64, 128)
     fill = sms if k > 512 else math.ceil(sms / 4) if capped else math.ceil(3 * sms / 4)
-    filling = [t for t in widths if math.ceil(n_padded / 64) * math.ceil(m / t) >= fill and not (capped and t > 64)]
-    return max(filling) if filling else min(widths)
+    filling = [t for t in TRANSPOSED_WIDTHS
+               if math.ceil(n_padded / 64) * math.ceil(m / t) >= fill and not (capped and t > 64)]
+    return max(filling) if filling else min(TRANSPOSED_WIDTHS)
 
 
 def few_rows_tile(m: int, k: int, n: int, sms: int) -> int | None:
@@ -154,12 +157,11 @@ def few_rows_tile(m: int, k: int, n: int, sms: int) -> int | None:
     ones: up to 64 rows the tile that holds them in one column tile more than half full where its
     grid covers a quarter of the SMs; else the narrowest that takes them in two column tiles,
     unless that grid needs more than two rounds over the SMs past 64 rows."""
-    widths = (16, 32, 64, 128)
     n_padded = math.ceil(n / 8) * 8
-    one = [t for t in widths if m <= t < 2 * m]
+    one = [t for t in TRANSPOSED_WIDTHS if m <= t < 2 * m]
     if m <= 64 and one and 4 * math.ceil(n_padded / 64) * math.ceil(m / one[0]) >= sms:
         return one[0]
-    two = min(t for t in widths if 2 * t >= m)
+    two = min(t for t in TRANSPOSED_WIDTHS if 2 * t >= m)
     if m > 64 and math.ceil(n_padded / 64) * math.ceil(m / two) > 2 * sms:
         return None
     return two

@@ -134,7 +134,7 @@ def test_few_columns_take_the_widest_transposed_tile_that_fills_the_sms(driver, 
 @pytest.mark.parametrize("m", [1, 16, 17, 24, 32, 33, 48, 64, 100, 128, 200, 256])
 @pytest.mark.parametrize("k,n", [(4096, 4096), (11008, 4096), (4096, 11008)])
 def test_few_rows_take_the_narrowest_transposed_tile_that_holds_them(driver, m, k, n):
-    config, splits = pick(driver, m, k, n)
+    config, _ = pick(driver, m, k, n)
     expected = few_rows_tile(m, k, n, SMS)
     if expected is not None:
         assert config == TRANSPOSED[expected], config

@@ -1000,6 +1000,15 @@ def heuristic_and_transposed_tiles(m, k, n):
     return name, forced
 
 
+def assert_transposed_tile(name, forced, expected):
+    """The heuristic's kernel ``name`` is the transposed tile of width ``expected`` among ``forced``
+    (heuristic_and_transposed_tiles), or, where ``expected`` is None, none of them."""
+    if expected is None:
+        assert name not in forced.values(), name
+    else:
+        assert name == forced[expected], (name, expected)
+
+
 @requires_cuda
 @requires_sm90_path
 @pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
@@ -1011,10 +1020,8 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     expected = narrow_n_tile(m, k, n, sms)
     if narrow_kernel_takes(m, k, n):  # the hand-written narrow kernel comes first
         assert NARROW in name, name
-    elif expected is None:  # a long K keeps the other rules
-        assert name not in forced.values(), name
-    else:
-        assert name == forced[expected], (name, expected)
+    else:  # None: a long K keeps the other rules
+        assert_transposed_tile(name, forced, expected)
 
 
 # Few rows against a weight: up to 64 rows the transposed tile that holds them in one column tile;
@@ -1029,11 +1036,7 @@ def test_narrow_n_takes_the_transposed_tiles(m, k, n):
 def test_few_rows_take_the_transposed_tile_that_holds_them(m, k, n):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     name, forced = heuristic_and_transposed_tiles(m, k, n)
-    expected = few_rows_tile(m, k, n, sms)
-    if expected is None:
-        assert name not in forced.values(), name
-    else:
-        assert name == forced[expected], (name, expected)
+    assert_transposed_tile(name, forced, few_rows_tile(m, k, n, sms))
 
 
 # A training forward of a GELU/SiLU layer (the aux epilogue) over a short K: the cooperative 128x128
