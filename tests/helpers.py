@@ -135,7 +135,8 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
     """The transposed 64-row tile width (16, 32, 64 or 128) the few-column rule of the GEMM heuristic
     (csrc/bindings/gemm_select.cpp) picks for a bf16 m x k -> n product on ``sms`` SMs, or None
     where K is too long for the rule and the others apply: the widest tile whose grid fills the SMs
-    at least once (at most 64 wide for up to 64 columns with K <= 256), else the narrowest, where for
+    at least once (at most 64 wide for up to 64 columns with K <= 256 unless the wider tile's grid
+    fills the SMs, as for a forward against a weight), else the narrowest, where for
     K <= 512 a grid of a quarter of the SMs' worth of tiles counts as filling them under that cap
     and three quarters elsewhere; None also for 256 columns over K >= 512 where 128x128 tiles make
     three rounds over the SMs."""
@@ -146,8 +147,11 @@ def narrow_n_tile(m: int, k: int, n: int, sms: int) -> int | None:
         return None
     capped = n_padded <= 64 and k <= 256
     fill = sms if k > 512 else math.ceil(sms / 4) if capped else math.ceil(3 * sms / 4)
-    filling = [t for t in TRANSPOSED_WIDTHS
-               if math.ceil(n_padded / 64) * math.ceil(m / t) >= fill and not (capped and t > 64)]
+
+    def grid(t):
+        return math.ceil(n_padded / 64) * math.ceil(m / t)
+
+    filling = [t for t in TRANSPOSED_WIDTHS if grid(t) >= fill and not (capped and t > 64 and grid(t) < sms)]
     return max(filling) if filling else min(TRANSPOSED_WIDTHS)
 
 

@@ -156,12 +156,16 @@ def test_few_rows_rules_for_a_forward_against_a_weight_only(driver):
     assert pick(driver, 128, 4096, 11008, extk=True)[0] == TRANSPOSED[64]
     assert pick(driver, 8192, 256, 64)[0] == TRANSPOSED[64]
     assert pick(driver, 8192, 256, 64, aux=True)[0] == TRANSPOSED[32]
+    assert pick(driver, 65536, 256, 64)[0] == TRANSPOSED[128]
+    assert pick(driver, 65536, 256, 64, aux=True)[0] == TRANSPOSED[64]  # the 64-wide cap holds
 
 
 @pytest.mark.parametrize("m,k,n,expected", [
     (2048, 256, 64, 32),    # 64 tiles (a quarter of the SMs under the 64-wide cap) against 128 of 64x16
     (8192, 256, 64, 64),    # 128 tiles against 256 of 64x32
-    (65536, 256, 64, 64),   # the cap
+    (16384, 256, 64, 64),   # the 64-wide cap: 128 tiles of 64x128 would not fill the SMs
+    (32768, 256, 64, 128),  # a forward against a weight passes the cap where they do (256 tiles)
+    (65536, 256, 64, 128),
     (2048, 512, 256, 64),   # 128 tiles (three quarters of the SMs) against 256 of 64x32 and 64 of 64x128
     (8192, 512, 256, 128),  # 256 tiles: one round of the widest
     (2048, 1024, 256, 32),  # K > 512: the grid must fill the SMs (256 tiles of 64x32)

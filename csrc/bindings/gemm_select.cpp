@@ -76,6 +76,11 @@ constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
 // (CUDA-graph replays on an H200, bf16 bias+GELU, bench/NOTES.md section 22): 65536 x 64 -> 16
 // 17.4 against 14.3 us (18.7 against 15.6 with the pre-activation output), 32768 x 64 -> 16 10.4
 // against 8.8, 65536 x 256 -> 64 20.4 against 16.6.
+// A 16-bit forward against a weight (no aux output) passes the cap where the wider tile's grid
+// fills the SMs: there the 64x128 tile ran 1.04-1.07x faster than the 64x64 one with the operands
+// in L2 (each config's CUDA graph alone, H200, bench/NOTES.md sections 75-76: 32768 x 256 -> 64
+// 6.2 against 6.6 us with ReLU, 7.4 against 7.8 with GELU; 65536 rows 10.1 against 10.8, 12.6
+// against 13.2), which section 22's bias+GELU runs with the aux output did not show.
 constexpr int64_t kNarrowNCappedMaxN = 64;
 constexpr int64_t kNarrowNCappedMaxK = 256;
 constexpr int64_t kNarrowNCappedTile = 64;
@@ -498,8 +503,9 @@ const GemmKernelEntry* select_kernel(const std::vector<const GemmKernelEntry*>& 
     const GemmKernelEntry* narrowest = nullptr;
     for (const GemmKernelEntry* e : cutlass) {
       if (!e->transposed || e->stream_k || e->tile_m != 64) continue;
-      if (output_tiles(*e, M, N, L) >= narrow_fill && !(capped && e->tile_n > kNarrowNCappedTile) &&
-          (widest == nullptr || e->tile_n > widest->tile_n)) {
+      const int64_t tiles = output_tiles(*e, M, N, L);
+      const bool over_cap = capped && e->tile_n > kNarrowNCappedTile && !(weight_forward && tiles >= sms);
+      if (tiles >= narrow_fill && !over_cap && (widest == nullptr || e->tile_n > widest->tile_n)) {
         widest = e;
       }
       if (narrowest == nullptr || e->tile_n < narrowest->tile_n) narrowest = e;

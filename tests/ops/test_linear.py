@@ -1013,7 +1013,8 @@ def assert_transposed_tile(name, forced, expected):
 @requires_sm90_path
 @pytest.mark.parametrize("m,k,n", [(2048, 256, 64), (8192, 256, 64), (65536, 64, 16), (4100, 200, 250),
                                    (20000, 512, 17), (3000, 2048, 64), (65536, 4096, 8), (2048, 4096, 16),
-                                   (2048, 8192, 16), (8192, 512, 256), (32768, 512, 256), (2048, 512, 256)])
+                                   (2048, 8192, 16), (8192, 512, 256), (32768, 512, 256), (2048, 512, 256),
+                                   (16384, 256, 64), (32768, 256, 64), (65536, 256, 64)])
 def test_narrow_n_takes_the_transposed_tiles(m, k, n):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     name, forced = heuristic_and_transposed_tiles(m, k, n)
