@@ -84,7 +84,8 @@ at::Tensor softmax_cuda(const at::Tensor& x, int64_t dim, double scale) {
   p.x_ld = in.ld;
   p.y = y.data_ptr();
   p.y_ld = in.cols;
-  p.row_splits = softmax_row_splits(in.rows, in.cols, false, sm_count(x.device().index()));
+  p.sm_count = sm_count(x.device().index());
+  p.row_splits = softmax_row_splits(in.rows, in.cols, false, p.sm_count);
   at::Tensor partials;
   if (p.row_splits > 1) {
     partials = at::empty({softmax_partials_floats(in.rows, p.row_splits, false)}, x.options().dtype(at::kFloat));

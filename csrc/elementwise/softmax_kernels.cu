@@ -16,6 +16,7 @@ namespace {
 constexpr int kWarpBlockThreads = 128;  // short rows: 128 / lanes-per-row rows per block
 constexpr int kWarpMaxCols = 1024;      // short rows: up to 32 fp32 per lane
 constexpr int kRowMaxThreads = 1024;    // medium rows: one block of up to 1024 threads per row
+constexpr int kMaxWarpsPerSm = 64;      // resident warps of an SM (2048 threads, sm_80 and sm_90)
 // Medium rows keep up to this many elements per thread in registers (at most 64 registers at
 // 1024 threads without spills): forward x only (16 on the scalar path, whose 32 separate
 // addresses would spill), backward dy and y.
@@ -676,6 +677,18 @@ struct ForwardOp {
   // Short rows longer than this take a block per row with two packs a thread (launch_paths):
   // 16-bit rows of 16-byte packs only.
   static constexpr int64_t kBlockRowsAbove = (sizeof(T) == 2 && kVec > 1) ? 512 : kWarpMaxCols;
+  // Those rows take two packs a thread (64 threads for 1024 columns), unless one pack a thread
+  // leaves fewer threads idle or the rows' warps at one pack a thread fit on the SMs at once (64 an
+  // SM). Measured on an H200 (bf16, kernel time after a zeroing L2 flush, bench/NOTES.md sections
+  // 18 and 76): two packs 32768x1024 35.2 us against 38.0 with one, 4096x1024 6.34 against 6.75;
+  // one pack 1024x1024 3.07 against 3.52, 2048x1024 4.24 against 4.77, 1024x768 2.82 against 3.36,
+  // 4096x640 5.34 against 5.97 (two packs leave 24 of 64 threads idle).
+  static bool one_pack_rows(SoftmaxParams const& p) {
+    const int64_t packs = ceil_div(p.cols, kVec);
+    const int64_t one = (packs + 31) / 32 * 32, two = (ceil_div(packs, 2) + 31) / 32 * 32;
+    if (one - packs < 2 * two - packs) return true;
+    return p.sm_count > 0 && p.rows * (one / 32) <= int64_t(kMaxWarpsPerSm) * p.sm_count;
+  }
   // 16-bit rows of 16-byte packs load all their packs before the maximum: a lane's loads were
   // otherwise issued one pack after another's max. 1.00-1.04x on an H200, bitwise equal (bf16
   // 4096x128 and 4096x512 1.04x, 65536x128 1.04x, 1024x1024 1.04x, 32768x1024 1.00x; bench/NOTES.md
@@ -704,7 +717,13 @@ struct BackwardOp {
   using Params = SoftmaxBackwardParams;
   static constexpr int kMaxElems = kBackwardMaxElems;
   static constexpr int64_t kMaxRowCols = kBackwardMaxRowCols;
-  static constexpr int64_t kBlockRowsAbove = kWarpMaxCols;
+  // 16-bit rows of 513-1024 columns: a block per row, one pack of dy and one of y a thread, instead
+  // of a warp with four of each a lane. Measured on an H200 (bf16, kernel time after a zeroing L2
+  // flush, bench/NOTES.md section 76): 1024x1024 3.62 us against 3.78, 2048x1024 5.12 against 5.33,
+  // 8192x1024 14.34 against 14.74, 32768x1024 49.0 against 49.3, 1024x768 3.17 against 3.30,
+  // 4096x640 6.08 against 6.30, 4096x1024 a tie (8.50 against 8.51).
+  static constexpr int64_t kBlockRowsAbove = (sizeof(T) == 2 && kVec > 1) ? 512 : kWarpMaxCols;
+  static bool one_pack_rows(SoftmaxBackwardParams const&) { return true; }
   template <int kLanes, int kPacks>
   static auto warp_kernel() { return softmax_backward_warp_kernel<T, kVec, kLanes, kPacks>; }
   template <int kPacks>
@@ -789,15 +808,16 @@ void launch_long(typename Op::Params const& p, cudaStream_t stream) {
   Op::split_write_kernel()<<<grid, kLongThreads, 0, stream>>>(p, chunk);
 }
 
-// The 16-bit forward's rows of 513-1024 columns run a block of 64 threads per row, two 16-byte
-// packs a thread, instead of a warp with four packs a lane. Measured on an H200 (bf16, bench op
-// alone, L2 flushed): 32768x1024 41.8-42.0 -> 38.8 us, 4096x1024 unchanged; 128 threads with one
-// pack each 41.0, a warp per row in blocks of 32, 64 or 256 threads 41.1-42.8; streaming cache
-// hints on the loads and stores were slower (42.8-44.0).
+// 16-bit rows of 513-1024 columns run a block per row (Op::kBlockRowsAbove) instead of a warp with
+// up to four packs a lane: the forward with two 16-byte packs a thread, or one where
+// Op::one_pack_rows says so; the backward with one pack of dy and one of y a thread.
 template <class Op, int kVec>
 void launch_paths(typename Op::Params const& p, cudaStream_t stream) {
   if constexpr (Op::kBlockRowsAbove < kWarpMaxCols) {
-    if (p.cols > Op::kBlockRowsAbove && p.cols <= kWarpMaxCols) return launch_row<Op, kVec, 2 * kVec>(p, stream);
+    if (p.cols > Op::kBlockRowsAbove && p.cols <= kWarpMaxCols) {
+      if (Op::one_pack_rows(p)) return launch_row<Op, kVec, kVec>(p, stream);
+      return launch_row<Op, kVec, 2 * kVec>(p, stream);
+    }
   }
   if (p.cols <= kWarpMaxCols) return launch_short<Op, kVec>(p, stream);
   if (p.cols > Op::kSharedAbove && Op::launch_shared(p, stream)) return;

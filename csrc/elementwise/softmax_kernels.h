@@ -39,6 +39,7 @@ struct SoftmaxParams {
   int64_t y_ld = 0;
   float* partials = nullptr;  // [rows, row_splits, 2] fp32 (max, sum) workspace when row_splits > 1
   int row_splits = 1;
+  int sm_count = 0;  // the device's multiprocessors (0: unknown), for the launch shape of short rows
 };
 
 struct SoftmaxBackwardParams {

@@ -52,6 +52,10 @@ CASES = {
     "seven": (_plain(33, 7), False),
     "128": (_plain(300, 128), False),
     "thousand": (_plain(64, 1000), False),
+    # 16-bit rows of 513-1024 columns: a block a row, one 16-byte pack a thread where the rows' warps
+    # fit on the SMs at once or two packs would leave more threads idle (768 columns), else two.
+    "768": (_plain(40, 768), False),
+    "many_1000": (_plain(4096, 1000), False),
     "1025": (_plain(20, 1025), False),
     "4097": (_plain(9, 4097), False),
     "8192": (_plain(6, 8192), False),
@@ -99,7 +103,7 @@ def test_forward_shapes(device, dtype_name, case):
     assert_close_to_reference(out, ref_softmax(x), peer_softmax(x), dtype_name)
 
 
-BACKWARD_CASES = ["seven", "thousand", "4097", "20000", "40000", "262144", "many_long", "3d", "noncontig",
+BACKWARD_CASES = ["seven", "thousand", "768", "many_1000", "4097", "20000", "40000", "262144", "many_long", "3d", "noncontig",
                   "col_offset", "transposed", "scalar"]
 
 
