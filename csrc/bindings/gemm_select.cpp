@@ -78,9 +78,10 @@ constexpr int64_t kNarrowNFewColumnsMaxK = 4096;
 // against 8.8, 65536 x 256 -> 64 20.4 against 16.6.
 // A 16-bit forward against a weight (no aux output) passes the cap where the wider tile's grid
 // fills the SMs: there the 64x128 tile ran 1.04-1.07x faster than the 64x64 one with the operands
-// in L2 (each config's CUDA graph alone, H200, bench/NOTES.md sections 75-76: 32768 x 256 -> 64
-// 6.2 against 6.6 us with ReLU, 7.4 against 7.8 with GELU; 65536 rows 10.1 against 10.8, 12.6
-// against 13.2), which section 22's bias+GELU runs with the aux output did not show.
+// in L2 (each config's CUDA graph alone, H200, bench/NOTES.md section 75: 32768 x 256 -> 64 6.2
+// against 6.6 us with ReLU, 7.4 against 7.8 with GELU; 65536 rows 10.1 against 10.8, 12.6 against
+// 13.2), which section 22's bias+GELU runs with the aux output did not show. Another machine
+// (section 76) had the two within 3-5% in either order, in L2 and out of it.
 constexpr int64_t kNarrowNCappedMaxN = 64;
 constexpr int64_t kNarrowNCappedMaxK = 256;
 constexpr int64_t kNarrowNCappedTile = 64;

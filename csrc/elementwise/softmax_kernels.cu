@@ -669,24 +669,29 @@ bool launch_shared_rows(Params const& p, int buffers, void (*single)(Params), vo
   return true;
 }
 
+// Threads of the block-per-row kernel for rows of `cols` columns at `packs` packs of `vec` elements
+// a thread: whole warps.
+inline int64_t row_block_threads(int64_t cols, int vec, int packs) {
+  return std::max<int64_t>(32, (ceil_div(ceil_div(cols, vec), packs) + 31) / 32 * 32);
+}
+
 template <class T, int kVec>
 struct ForwardOp {
   using Params = SoftmaxParams;
   static constexpr int kMaxElems = kVec > 1 ? kForwardMaxElems : kForwardScalarMaxElems;
   static constexpr int64_t kMaxRowCols = int64_t(kRowMaxThreads) * kMaxElems;
-  // Short rows longer than this take a block per row with two packs a thread (launch_paths):
-  // 16-bit rows of 16-byte packs only.
+  // Short rows longer than this take a block per row (launch_paths): 16-bit rows of 16-byte packs
+  // only.
   static constexpr int64_t kBlockRowsAbove = (sizeof(T) == 2 && kVec > 1) ? 512 : kWarpMaxCols;
   // Those rows take two packs a thread (64 threads for 1024 columns), unless one pack a thread
-  // leaves fewer threads idle or the rows' warps at one pack a thread fit on the SMs at once (64 an
-  // SM). Measured on an H200 (bf16, kernel time after a zeroing L2 flush, bench/NOTES.md sections
+  // leaves fewer threads idle (fewer than twice the threads) or the rows' warps at one pack a
+  // thread fit on the SMs at once (64 an SM). Measured on an H200 (bf16, kernel time after a zeroing L2 flush, bench/NOTES.md sections
   // 18 and 76): two packs 32768x1024 35.2 us against 38.0 with one, 4096x1024 6.34 against 6.75;
   // one pack 1024x1024 3.07 against 3.52, 2048x1024 4.24 against 4.77, 1024x768 2.82 against 3.36,
   // 4096x640 5.34 against 5.97 (two packs leave 24 of 64 threads idle).
   static bool one_pack_rows(SoftmaxParams const& p) {
-    const int64_t packs = ceil_div(p.cols, kVec);
-    const int64_t one = (packs + 31) / 32 * 32, two = (ceil_div(packs, 2) + 31) / 32 * 32;
-    if (one - packs < 2 * two - packs) return true;
+    const int64_t one = row_block_threads(p.cols, kVec, 1);
+    if (one < 2 * row_block_threads(p.cols, kVec, 2)) return true;
     return p.sm_count > 0 && p.rows * (one / 32) <= int64_t(kMaxWarpsPerSm) * p.sm_count;
   }
   // 16-bit rows of 16-byte packs load all their packs before the maximum: a lane's loads were
@@ -779,7 +784,7 @@ template <class Op, int kVec, int kElems>
 void launch_row(typename Op::Params const& p, cudaStream_t stream) {
   if constexpr (kElems <= Op::kMaxElems) {
     constexpr int kPacks = kElems / kVec;
-    const int64_t threads = std::max<int64_t>(32, (ceil_div(ceil_div(p.cols, kVec), kPacks) + 31) / 32 * 32);
+    const int64_t threads = row_block_threads(p.cols, kVec, kPacks);
     Op::template row_kernel<kPacks>()<<<unsigned(p.rows), unsigned(threads), 0, stream>>>(p);
   }
 }
