@@ -59,8 +59,9 @@ __device__ __forceinline__ void bias_act_rows(BiasActParams const& p, const T* _
   }
 }
 
-// One 16-byte vector (kVec columns of one row) per thread and a grid that covers the matrix,
-// striding over rows only past 65535 row blocks. Measured on an H200 (bench/NOTES.md section 14):
+// Rows apart (a strided x or residual; rows one after another take the flat kernel below): one
+// 16-byte vector (kVec columns of one row) per thread and a grid that covers the matrix, striding
+// over rows only past 65535 row blocks. Measured on an H200 (bench/NOTES.md section 14):
 // a persistent grid whose threads walked their column 4 rows at a time held 65-70 registers (37.5%
 // occupancy) and streamed ~3.3 TB/s, where torch.compile's one-vector-per-thread kernel ran at full
 // occupancy and 4.1 TB/s. (Written as the one-row case of bias_act_rows: the loop written out
@@ -85,8 +86,47 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct)) bias_act_f
   }
 }
 
+// Rows stored one after another (x, residual and y all of pitch cols): one vector a thread over the
+// flat matrix, as add_kernel reads, each thread's bias vector at its index modulo the row's
+// vectors. The 2-D grid above gives each warp its own row, so a block reads rows apart. Measured
+// on an H200, bf16, CUDA graphs (bench/NOTES.md section 77): 1.02-1.10x the 2-D grid from 2^19
+// elements (bias+ReLU 512x262144 1.04x, 8192x3000 1.06x; bias+SiLU 1.05-1.10x; bias+GELU+residual
+// 1.03-1.06x), a tie at 1024x1024.
+template <class T, int kVec, int kAct, bool kResidual>
+__global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct))
+    bias_act_flat_kernel(BiasActParams p, uint32_t row_vectors, uint32_t vectors) {
+  const uint32_t v = blockIdx.x * kThreads + threadIdx.x;
+  if (v >= vectors) return;
+  const int64_t at = int64_t(v) * kVec;
+  Pack<T, kVec> bias;
+  if (p.bias != nullptr) {
+    bias = load_pack<T, kVec>(static_cast<const T*>(p.bias) + int64_t(v % row_vectors) * kVec);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) bias.v[i] = T(0.f);
+  }
+  bias_act_rows<1, kAct, kResidual, T, kVec>(p, static_cast<const T*>(p.x) + at,
+                                             kResidual ? static_cast<const T*>(p.residual) + at : nullptr,
+                                             static_cast<T*>(p.y) + at, bias, 0, 0);
+}
+
 template <class T, int kVec>
 void launch_bias_act_forward_vec(BiasActParams const& p, cudaStream_t stream) {
+  const int64_t vectors = p.rows * p.cols / kVec;
+  if (p.x_ld == p.cols && (p.residual == nullptr || p.residual_ld == p.cols) &&
+      vectors <= int64_t(UINT32_MAX) - kThreads) {
+    const dim3 grid(unsigned(ceil_div(vectors, int64_t(kThreads))));
+    const uint32_t row_vectors = uint32_t(p.cols / kVec);
+    dispatch_activation(p.activation, [&](auto kind) {
+      constexpr int kAct = decltype(kind)::value;
+      if (p.residual != nullptr) {
+        bias_act_flat_kernel<T, kVec, kAct, true><<<grid, kThreads, 0, stream>>>(p, row_vectors, uint32_t(vectors));
+      } else {
+        bias_act_flat_kernel<T, kVec, kAct, false><<<grid, kThreads, 0, stream>>>(p, row_vectors, uint32_t(vectors));
+      }
+    });
+    return;
+  }
   const dim3 block = column_block(p.cols / kVec);
   const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
   const int64_t row_blocks = std::min<int64_t>(ceil_div(p.rows, block.y), 65535);

@@ -100,13 +100,42 @@ def test_bias_act_shapes(device, dtype_name, case):
     check_bias_act(x, bias, "silu", 1.5, residual, dtype_name)
 
 
+# Aligned bias, so that the 16-byte kernels run: rows stored one after another take one vector a
+# thread over the flat matrix (the bias vector by the index modulo the row's vectors), others the
+# row-by-row grid. Row lengths that are not a multiple of the block, and a residual whose rows are
+# apart while x's are not (which must leave the flat kernel).
+BIAS_ACT_LAYOUTS = {
+    "flat_c1000": (lambda d, t: rand(37, 1000, device=d, dtype=t), lambda d, t: rand(37, 1000, device=d, dtype=t)),
+    "flat_c24": (lambda d, t: rand(999, 24, device=d, dtype=t), None),
+    "flat_c2056": (lambda d, t: rand(3, 5, 2056, device=d, dtype=t), lambda d, t: rand(3, 5, 2056, device=d, dtype=t)),
+    "residual_rows_apart": (lambda d, t: rand(40, 256, device=d, dtype=t),
+                            lambda d, t: rand(40, 320, device=d, dtype=t)[:, 32:288]),
+    "x_rows_apart": (lambda d, t: rand(40, 320, device=d, dtype=t)[:, 64:320],
+                     lambda d, t: rand(40, 256, device=d, dtype=t)),
+}
+
+
+@pytest.mark.parametrize("case", list(BIAS_ACT_LAYOUTS))
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_bias_act_row_layouts(device, dtype_name, act, case):
+    dtype = DTYPES[dtype_name]
+    make_x, make_res = BIAS_ACT_LAYOUTS[case]
+    x = make_x(device, dtype)
+    bias = rand(x.shape[-1], device=device, dtype=dtype)
+    residual = make_res(device, dtype) if make_res is not None else None
+    check_bias_act(x, bias, act, 1.25, residual, dtype_name)
+
+
 @requires_cuda
-def test_bias_act_rows_past_one_grid():
-    # 256 bf16 columns take blocks of 8 rows; more than 65535 such blocks do not fit a grid's y
-    # dimension, so the kernel strides over rows, and the rows after the first stride must be
-    # written too (y is fresh, unpoisoned memory: an unwritten row would not match).
+@pytest.mark.parametrize("rows_apart", [False, True])
+def test_bias_act_rows_past_one_grid(rows_apart):
+    # Rows apart: 256 bf16 columns take blocks of 8 rows; more than 65535 such blocks do not fit a
+    # grid's y dimension, so the kernel strides over rows, and the rows after the first stride must
+    # be written too (y is fresh, unpoisoned memory: an unwritten row would not match). Rows one
+    # after another: the flat kernel's grid covers them all.
     rows = 65535 * 8 + 37
-    x = rand(rows, 256, device="cuda", dtype=torch.bfloat16)
+    x = rand(rows, 264 if rows_apart else 256, device="cuda", dtype=torch.bfloat16)[:, :256]
     bias = rand(256, device="cuda", dtype=torch.bfloat16)
     y = cutlass_ext.bias_act(x, bias, "relu")
     for part in (slice(0, 600), slice(65535 * 8 - 300, rows)):
