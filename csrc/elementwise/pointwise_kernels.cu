@@ -59,6 +59,19 @@ __device__ __forceinline__ void bias_act_rows(BiasActParams const& p, const T* _
   }
 }
 
+// The bias vector of columns [col, col + kVec), zeros where the op has no bias.
+template <class T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> bias_pack(BiasActParams const& p, int64_t col) {
+  Pack<T, kVec> bias;
+  if (p.bias != nullptr) {
+    bias = load_pack<T, kVec>(static_cast<const T*>(p.bias) + col);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) bias.v[i] = T(0.f);
+  }
+  return bias;
+}
+
 // Rows apart (a strided x or residual; rows one after another take the flat kernel below): one
 // 16-byte vector (kVec columns of one row) per thread and a grid that covers the matrix, striding
 // over rows only past 65535 row blocks. Measured on an H200 (bench/NOTES.md section 14):
@@ -73,13 +86,7 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct)) bias_act_f
   const T* x = static_cast<const T*>(p.x) + col;
   const T* res = kResidual ? static_cast<const T*>(p.residual) + col : nullptr;
   T* y = static_cast<T*>(p.y) + col;
-  Pack<T, kVec> bias;
-  if (p.bias != nullptr) {
-    bias = load_pack<T, kVec>(static_cast<const T*>(p.bias) + col);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) bias.v[i] = T(0.f);
-  }
+  const Pack<T, kVec> bias = bias_pack<T, kVec>(p, col);
   const int64_t step = blockDim.y;
   for (int64_t r = int64_t(blockIdx.y) * step + threadIdx.y; r < p.rows; r += int64_t(gridDim.y) * step) {
     bias_act_rows<1, kAct, kResidual, T, kVec>(p, x, res, y, bias, r, step);
@@ -98,13 +105,7 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct))
   const uint32_t v = blockIdx.x * kThreads + threadIdx.x;
   if (v >= vectors) return;
   const int64_t at = int64_t(v) * kVec;
-  Pack<T, kVec> bias;
-  if (p.bias != nullptr) {
-    bias = load_pack<T, kVec>(static_cast<const T*>(p.bias) + int64_t(v % row_vectors) * kVec);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) bias.v[i] = T(0.f);
-  }
+  const Pack<T, kVec> bias = bias_pack<T, kVec>(p, int64_t(v % row_vectors) * kVec);
   bias_act_rows<1, kAct, kResidual, T, kVec>(p, static_cast<const T*>(p.x) + at,
                                              kResidual ? static_cast<const T*>(p.residual) + at : nullptr,
                                              static_cast<T*>(p.y) + at, bias, 0, 0);
@@ -113,30 +114,22 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct))
 template <class T, int kVec>
 void launch_bias_act_forward_vec(BiasActParams const& p, cudaStream_t stream) {
   const int64_t vectors = p.rows * p.cols / kVec;
-  if (p.x_ld == p.cols && (p.residual == nullptr || p.residual_ld == p.cols) &&
-      vectors <= int64_t(UINT32_MAX) - kThreads) {
-    const dim3 grid(unsigned(ceil_div(vectors, int64_t(kThreads))));
-    const uint32_t row_vectors = uint32_t(p.cols / kVec);
-    dispatch_activation(p.activation, [&](auto kind) {
-      constexpr int kAct = decltype(kind)::value;
-      if (p.residual != nullptr) {
-        bias_act_flat_kernel<T, kVec, kAct, true><<<grid, kThreads, 0, stream>>>(p, row_vectors, uint32_t(vectors));
-      } else {
-        bias_act_flat_kernel<T, kVec, kAct, false><<<grid, kThreads, 0, stream>>>(p, row_vectors, uint32_t(vectors));
-      }
-    });
-    return;
-  }
-  const dim3 block = column_block(p.cols / kVec);
-  const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
-  const int64_t row_blocks = std::min<int64_t>(ceil_div(p.rows, block.y), 65535);
-  const dim3 grid{unsigned(col_blocks), unsigned(std::max<int64_t>(row_blocks, 1))};
+  const bool flat = p.x_ld == p.cols && (p.residual == nullptr || p.residual_ld == p.cols) &&
+                    vectors <= int64_t(UINT32_MAX) - kThreads;
+  const bool residual = p.residual != nullptr;
   dispatch_activation(p.activation, [&](auto kind) {
     constexpr int kAct = decltype(kind)::value;
-    if (p.residual != nullptr) {
-      bias_act_forward_kernel<T, kVec, kAct, true><<<grid, block, 0, stream>>>(p);
+    if (flat) {
+      auto* kernel = residual ? bias_act_flat_kernel<T, kVec, kAct, true> : bias_act_flat_kernel<T, kVec, kAct, false>;
+      kernel<<<unsigned(ceil_div(vectors, int64_t(kThreads))), kThreads, 0, stream>>>(p, uint32_t(p.cols / kVec),
+                                                                                      uint32_t(vectors));
     } else {
-      bias_act_forward_kernel<T, kVec, kAct, false><<<grid, block, 0, stream>>>(p);
+      const dim3 block = column_block(p.cols / kVec);
+      const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
+      const int64_t row_blocks = std::min<int64_t>(ceil_div(p.rows, block.y), 65535);
+      const dim3 grid{unsigned(col_blocks), unsigned(std::max<int64_t>(row_blocks, 1))};
+      auto* kernel = residual ? bias_act_forward_kernel<T, kVec, kAct, true> : bias_act_forward_kernel<T, kVec, kAct, false>;
+      kernel<<<grid, block, 0, stream>>>(p);
     }
   });
 }
