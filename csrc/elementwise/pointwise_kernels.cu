@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct)) bias_act_f
 // flat matrix, as add_kernel reads, each thread's bias vector at its index modulo the row's
 // vectors. The 2-D grid above gives each warp its own row, so a block reads rows apart. Measured
 // on an H200, bf16, CUDA graphs (bench/NOTES.md section 77): 1.02-1.10x the 2-D grid from 2^19
-// elements (bias+ReLU 512x262144 1.04x, 8192x3000 1.06x; bias+SiLU 1.05-1.10x; bias+GELU+residual
+// elements (bias+ReLU 512x262144 1.04x, 8192x3000 1.06x; bias+SiLU 1.04-1.10x; bias+GELU+residual
 // 1.03-1.06x), a tie at 1024x1024.
 template <class T, int kVec, int kAct, bool kResidual>
 __global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct))
