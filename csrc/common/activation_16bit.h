@@ -1,5 +1,6 @@
-// GELU, SiLU and sigmoid for elementwise kernels whose result is stored in a 16-bit type.
-// Torch-free: included by kernel translation units and by a host test driver.
+// GELU for elementwise kernels and GEMM epilogues whose result is stored in a 16-bit type, and
+// SiLU and sigmoid for all result types. Torch-free: included by kernel translation units and by
+// a host test driver.
 //
 // GELU (the erf form): gelu(x) = x * Phi(x), Phi the standard normal CDF. The fp32 formula
 // 0.5 x (1 + erff(x / sqrt 2)) costs ~25 instructions an element (erff's two polynomials selected
@@ -12,11 +13,17 @@
 // on [0, inf), so Phi(-t) falls to 0 past the fitted range (torch's fp32 formula returns 0 from
 // x ~ -5.5); +inf gives +inf, and -inf and NaN give NaN, as that formula does.
 //
-// sigmoid(x) = 1 / (1 + 2^(-x log2 e)) from the hardware exp2 and reciprocal (relative error
-// ~2^-21), where expf and an IEEE division take ~15 instructions; silu(x) = x sigmoid(x). Their
-// derivatives take 1 - sigmoid(x) without cancellation, which the fp32 forms do not.
+// sigmoid(x) = 1 / (1 + 2^(-x log2 e)) from the hardware exp2 and reciprocal, where expf and an
+// IEEE division take ~15 instructions; silu(x) = x sigmoid(x). Their derivatives take
+// 1 - sigmoid(x) without cancellation, which common/activation.h's forms do not. For 16-bit
+// results the exponent is x log2 e rounded to fp32 (relative error up to 1.8e-6 at |x| = 30, far
+// below a 16-bit unit). For fp32 results its rounding error is added back to first order (three
+// FMAs and a select), which leaves a few roundings and the exp2's and reciprocal's own errors,
+// ~5e-7 in all: a few fp32 units where expf and the division give one or two. With the exact
+// forms fp32 bias+SiLU ran 3% slower than bias+ReLU (bench/NOTES.md section 78).
 //
-// fp32 results keep the exact forms of common/activation.h.
+// fp32 GELU keeps the erff form of common/activation.h: the polynomial's relative error in the
+// tail (9e-5) is far above fp32's rounding.
 #pragma once
 
 #include <cmath>
@@ -40,6 +47,8 @@ constexpr float kLogTailC6 = -4.365656786831096e-05f;
 constexpr float kLogTailC7 = 1.0841226867341902e-05f;
 constexpr float kLogTailC8 = -6.041146320967528e-07f;
 constexpr float kLog2E = 1.44269504088896340736f;           // log2(e)
+constexpr float kLog2ELow = 1.92596298909109e-08f;          // log2(e) - kLog2E
+constexpr float kLn2 = 0.69314718055994530942f;             // ln(2)
 constexpr float kHalfLog2E = 0.72134752044448170368f;       // log2(e) / 2
 constexpr float kLog2Sqrt2Pi = 1.32574806473616378838f;     // log2(sqrt(2 pi))
 
@@ -92,42 +101,64 @@ CE_HOST_DEVICE float gelu_16bit_backward(float dy, float z) {
   return dy * fmaf(z, pdf, normal_cdf_16bit(z));
 }
 
-// sigmoid(x) and 1 - sigmoid(x), the latter as 2^(-x log2 e) sigmoid(x) for x >= 0, where
-// 1 - s would cancel (s rounds to 1 from x ~ 16.6, and s (1 - s) to 0). s is 0 for x = -inf (and
-// below ~-88, where 2^(-x log2 e) overflows), 1 for +inf, NaN for NaN.
+// 2^(-x log2 e) = e^-x. kRefined (fp32 results): t = x * -kLog2E is rounded, and its error
+// t_lo (exact from an FMA, plus x times the constant's own error) is put back as
+// 2^t (1 + t_lo ln 2); not for |x| >= 128, where the result is 0 or inf either way and t_lo
+// would be NaN for an infinite x (NaN stays NaN: the comparison is false).
+template <bool kRefined>
+CE_HOST_DEVICE float exp_neg_fast(float x) {
+  const float t = x * -kLog2E;
+  const float e = exp2_fast(t);
+  if constexpr (kRefined) {
+    const float t_lo = fmaf(x, -kLog2ELow, fmaf(x, -kLog2E, -t));
+    return fabsf(x) < 128.f ? fmaf(e, t_lo * kLn2, e) : e;
+  } else {
+    return e;
+  }
+}
+
+// sigmoid(x) and 1 - sigmoid(x), the latter as e^-x sigmoid(x) for x >= 0, where 1 - s would
+// cancel (s rounds to 1 from x ~ 16.6, and s (1 - s) to 0). s is 0 for x = -inf (and below
+// ~-87.3 on the GPU, where s would be subnormal and the reciprocal flushes it), 1 for +inf, NaN
+// for NaN.
 struct SigmoidPair {
   float s, one_minus_s;
 };
-CE_HOST_DEVICE SigmoidPair sigmoid_pair_16bit(float x) {
-  const float e = exp2_fast(x * -kLog2E);
+template <bool kRefined>
+CE_HOST_DEVICE SigmoidPair sigmoid_pair_fast(float x) {
+  const float e = exp_neg_fast<kRefined>(x);
   const float s = reciprocal_fast(1.f + e);
   return {s, x >= 0.f ? e * s : 1.f - s};
 }
 
 // (The unused 1 - s of the pair is dropped by the compiler.)
-CE_HOST_DEVICE float sigmoid_16bit(float x) { return sigmoid_pair_16bit(x).s; }
+template <bool kRefined>
+CE_HOST_DEVICE float sigmoid_fast(float x) { return sigmoid_pair_fast<kRefined>(x).s; }
 
-CE_HOST_DEVICE float silu_16bit(float x) { return x * sigmoid_16bit(x); }
+template <bool kRefined>
+CE_HOST_DEVICE float silu_fast(float x) { return x * sigmoid_fast<kRefined>(x); }
 
-CE_HOST_DEVICE float sigmoid_16bit_backward(float dy, float z) {
-  const SigmoidPair p = sigmoid_pair_16bit(z);
+template <bool kRefined>
+CE_HOST_DEVICE float sigmoid_fast_backward(float dy, float z) {
+  const SigmoidPair p = sigmoid_pair_fast<kRefined>(z);
   return dy * p.s * p.one_minus_s;
 }
 
-CE_HOST_DEVICE float silu_16bit_backward(float dy, float z) {
-  const SigmoidPair p = sigmoid_pair_16bit(z);
+template <bool kRefined>
+CE_HOST_DEVICE float silu_fast_backward(float dy, float z) {
+  const SigmoidPair p = sigmoid_pair_fast<kRefined>(z);
   return dy * p.s * fmaf(z, p.one_minus_s, 1.f);
 }
 
-// act::forward / act::backward for a kernel that stores T: GELU, SiLU and sigmoid take the forms
-// above where T is a 16-bit type.
+// act::forward / act::backward for a kernel that stores T: SiLU and sigmoid take the forms above
+// (refined where T is wider than 16 bits), and GELU too where T is a 16-bit type.
 template <class T>
 CE_HOST_DEVICE float forward_for(int kind, float x) {
   if constexpr (sizeof(T) == 2) {
     if (kind == int(Activation::kGelu)) return gelu_16bit(x);
-    if (kind == int(Activation::kSilu)) return silu_16bit(x);
-    if (kind == int(Activation::kSigmoid)) return sigmoid_16bit(x);
   }
+  if (kind == int(Activation::kSilu)) return silu_fast<(sizeof(T) > 2)>(x);
+  if (kind == int(Activation::kSigmoid)) return sigmoid_fast<(sizeof(T) > 2)>(x);
   return forward(kind, x);
 }
 
@@ -135,9 +166,9 @@ template <class T>
 CE_HOST_DEVICE float backward_for(int kind, float dy, float saved) {
   if constexpr (sizeof(T) == 2) {
     if (kind == int(Activation::kGelu)) return gelu_16bit_backward(dy, saved);
-    if (kind == int(Activation::kSilu)) return silu_16bit_backward(dy, saved);
-    if (kind == int(Activation::kSigmoid)) return sigmoid_16bit_backward(dy, saved);
   }
+  if (kind == int(Activation::kSilu)) return silu_fast_backward<(sizeof(T) > 2)>(dy, saved);
+  if (kind == int(Activation::kSigmoid)) return sigmoid_fast_backward<(sizeof(T) > 2)>(dy, saved);
   return backward(kind, dy, saved);
 }
 

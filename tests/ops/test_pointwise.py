@@ -177,6 +177,28 @@ def test_16bit_activations_within_one_unit(dtype_name, act, lo, hi):
     assert derr.max() <= 1.0, f"{act}' off by {derr.max():.2f} units at x = {x64.flatten()[derr.argmax()]:.6g}"
 
 
+@requires_cuda
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_fp32_sigmoid_forms_error_bound(act):
+    # fp32 SiLU and sigmoid take the hardware exp2 and reciprocal with the exponent's rounding put
+    # back (csrc/common/activation_16bit.h): each value in [-87, 40] (below, sigmoid is subnormal
+    # and flushed to 0) within 1e-6 of float64 relative to itself (~8 fp32 units; the form's own
+    # roundings reach 3.1e-7 and the approximations add ~2.5e-7), the derivative within 1e-6 of
+    # float64 relative to max(|d|, 1) for SiLU (whose derivative crosses zero), to |d| for sigmoid.
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.linspace(-87.0, 40.0, 2**20), torch.rand(2**20, generator=gen) * 127.0 - 87.0])
+    x = x.view(-1, 256).cuda().requires_grad_()
+    y = cutlass_ext.bias_act(x, None, act)
+    y.backward(torch.ones_like(y))
+    x64 = x.detach().double()
+    ref, dref = activation64(act, x64)
+    err = ((y.detach().double() - ref).abs() / ref.abs().clamp(min=1e-38)).max()
+    assert err <= 1e-6, f"fp32 {act}: relative error {err:.3e}"
+    dscale = dref.abs().clamp(min=1.0) if act == "silu" else dref.abs()
+    derr = ((x.grad.double() - dref).abs() / dscale).max()
+    assert derr <= 1e-6, f"fp32 {act}': relative error {derr:.3e}"
+
+
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_bias_act_backward(device, dtype_name, act):
