@@ -154,21 +154,23 @@ CE_HOST_DEVICE float silu_fast_backward(float dy, float z) {
 // (refined where T is wider than 16 bits), and GELU too where T is a 16-bit type.
 template <class T>
 CE_HOST_DEVICE float forward_for(int kind, float x) {
-  if constexpr (sizeof(T) == 2) {
+  constexpr bool k16Bit = sizeof(T) == 2;
+  if constexpr (k16Bit) {
     if (kind == int(Activation::kGelu)) return gelu_16bit(x);
   }
-  if (kind == int(Activation::kSilu)) return silu_fast<(sizeof(T) > 2)>(x);
-  if (kind == int(Activation::kSigmoid)) return sigmoid_fast<(sizeof(T) > 2)>(x);
+  if (kind == int(Activation::kSilu)) return silu_fast<!k16Bit>(x);
+  if (kind == int(Activation::kSigmoid)) return sigmoid_fast<!k16Bit>(x);
   return forward(kind, x);
 }
 
 template <class T>
 CE_HOST_DEVICE float backward_for(int kind, float dy, float saved) {
-  if constexpr (sizeof(T) == 2) {
+  constexpr bool k16Bit = sizeof(T) == 2;
+  if constexpr (k16Bit) {
     if (kind == int(Activation::kGelu)) return gelu_16bit_backward(dy, saved);
   }
-  if (kind == int(Activation::kSilu)) return silu_fast_backward<(sizeof(T) > 2)>(dy, saved);
-  if (kind == int(Activation::kSigmoid)) return sigmoid_fast_backward<(sizeof(T) > 2)>(dy, saved);
+  if (kind == int(Activation::kSilu)) return silu_fast_backward<!k16Bit>(dy, saved);
+  if (kind == int(Activation::kSigmoid)) return sigmoid_fast_backward<!k16Bit>(dy, saved);
   return backward(kind, dy, saved);
 }
 

@@ -23,7 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "common/activation.h"
+#include "common/activation_16bit.h"
 #include "common/device_utils.cuh"
 #include "common/resident_blocks.h"
 #include "gemm/gemm_params.h"
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2) ffma_gemm_kernel(GemmParams p, in
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           v[j] = p.alpha * acc[i][4 * g + j] + bias[4 * g + j];
-          y[j] = act::forward(kAct, v[j]);
+          y[j] = act::forward_for<float>(kAct, v[j]);
         }
         const bool vector = vector_out && valid >= 4;
         if (has_aux) store4(aux + int64_t(m) * p.aux_stride_m + c0[g], v, vector, valid);

@@ -2031,23 +2031,25 @@ FFMA = "ffma_gemm_kernel"
 
 
 @requires_cuda
+@pytest.mark.parametrize("act", ["gelu", "silu"])
 @pytest.mark.parametrize("policy", ["tf32", "fp32"])
 @pytest.mark.parametrize("m,k,n", [(2048, 13, 512), (1, 13, 3), (37, 1, 5), (300, 32, 130), (4099, 7, 64),
                                    (65, 20, 257)])
-def test_ffma_kernel(policy, m, k, n):
-    # Partial tiles in M and N, N not a multiple of 4 (element stores), K from 1 to 32.
+def test_ffma_kernel(policy, m, k, n, act):
+    # Partial tiles in M and N, N not a multiple of 4 (element stores), K from 1 to 32. SiLU takes
+    # the fp32 exp2/reciprocal form of every fp32 epilogue (common/activation_16bit.h).
     A = rand(m, k, device="cuda", dtype=F32)
     B = make_b(k, n, "weight_t", "cuda", F32)
     bias = rand(n, device="cuda", dtype=F32)
     with fp32_precision(policy):
-        (y, aux), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, "gelu", True,
+        (y, aux), names = cuda_kernels_run(lambda: torch.ops.cutlass_ext.linear(A, B, bias, act, True,
                                                                                 "ffma_64x128"))
         peer_z = peer_linear(A, B, bias, "none")
     # One launch: no padded copies of A, B, the bias or the output.
     assert len(names) == 1 and FFMA in names[0], names
     # Exact fp32 under either policy: held to the fp32 tolerance.
     assert_close_to_reference(aux, ref_linear(A, B, bias, "none"), peer_z, "fp32", what="aux")
-    assert_close_to_reference(y, ref_linear(A, B, bias, "gelu"), act_ref(peer_z, "gelu"), "fp32")
+    assert_close_to_reference(y, ref_linear(A, B, bias, act), act_ref(peer_z, act), "fp32")
 
 
 @requires_cuda
