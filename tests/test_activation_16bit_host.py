@@ -84,11 +84,11 @@ def test_gelu_large_positive_is_identity(driver):
 
 
 # The 16-bit form rounds x log2 e to fp32 (relative error 1.8e-6 at |x| = 30, 2.6e-6 at x = -87,
-# far below a 16-bit unit); the fp32 form adds that rounding back, leaving a few fp32 roundings
-# (up to 3.1e-7 here, where exp2 and the reciprocal are exact; on the GPU their approximations add
-# ~2.5e-7, which tests/ops/test_pointwise.py bounds).
-@pytest.mark.parametrize("form,first,bound", [("16-bit", 3, 4e-6), ("fp32", 7, 4e-7)])
-def test_silu_and_sigmoid_error_bound(driver, form, first, bound):
+# far below a 16-bit unit): bound 2e-6 on [-30, 30], 4e-6 below. The fp32 form adds that rounding
+# back, leaving a few fp32 roundings (up to 3.1e-7 here, where exp2 and the reciprocal are exact;
+# on the GPU their approximations add ~2.5e-7, which tests/ops/test_pointwise.py bounds): 4e-7.
+@pytest.mark.parametrize("form,first,bound,tail_bound", [("16-bit", 3, 2e-6, 4e-6), ("fp32", 7, 4e-7, 4e-7)])
+def test_silu_and_sigmoid_error_bound(driver, form, first, bound, tail_bound):
     rng = np.random.default_rng(11)
     xs = as_f32(list(np.linspace(-30.0, 30.0, 20001)) + list(rng.uniform(-30.0, 30.0, 20000))
                 + list(rng.uniform(-87.0, -30.0, 5000)))
@@ -102,10 +102,12 @@ def test_silu_and_sigmoid_error_bound(driver, form, first, bound):
         "sigmoid": (got[:, 2], sig, sig),
         "sigmoid'": (got[:, 3], sig * one_minus, sig * one_minus),
     }
+    bounds = np.where(np.abs(x) <= 30.0, bound, tail_bound)
     for name, (ours, ref, scale) in checks.items():
         err = np.abs(ours - ref) / np.maximum(scale, 1e-30)
         err[ref == 0] = np.abs(ours[ref == 0])
-        assert err.max() < bound, f"{form} {name}: relative error {err.max():.3e} at x = {xs[int(err.argmax())]}"
+        worst = int(np.argmax(err / bounds))
+        assert err[worst] < bounds[worst], f"{form} {name}: relative error {err[worst]:.3e} at x = {xs[worst]}"
 
 
 def test_infinities_and_nan(driver):
