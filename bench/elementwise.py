@@ -100,8 +100,12 @@ def cases(rows, cols, dtype):
         Case("relu_layer_norm_dropout",
              lambda x, w, b: cutlass_ext.layer_norm(x, w, b, relu=True, dropout_p=DROPOUT_P),
              lambda x, w, b: F.dropout(F.layer_norm(F.relu(x), (cols,), w, b), DROPOUT_P), x_wb, 2, 3),
-        # bias_act: fwd reads x, writes y; bwd reads x and dy, writes dx (bias grad is small).
+        # bias_act: fwd reads x, writes y; bwd reads x and dy, writes dx (bias grad is small). These
+        # nominal counts serve every provider; relu's backward reads a saved mask in place of x
+        # (and the residual) in ours and in torch.compile's.
         Case("bias_relu", lambda x, b: cutlass_ext.bias_act(x, b, "relu"), lambda x, b: F.relu(x + b), x_b, 2, 3),
+        Case("bias_relu_residual", lambda x, b, r: cutlass_ext.bias_act(x, b, "relu", residual=r),
+             lambda x, b, r: F.relu(x + b + r), x_res, 3, 4),
         Case("bias_gelu_residual", lambda x, b, r: cutlass_ext.bias_act(x, b, "gelu", residual=r),
              lambda x, b, r: F.gelu(x + b + r), x_res, 3, 4),
         Case("bias_silu", lambda x, b: cutlass_ext.bias_act(x, b, "silu"), lambda x, b: F.silu(x + b), x_b, 2, 3),

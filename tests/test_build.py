@@ -382,9 +382,10 @@ def _toolchain_available() -> bool:
 
 
 # Run in the built library's process (CUTLASS_EXT_CPU_AUTOGRAD=1): the C++ autograd nodes of softmax,
-# layer_norm, bias_act, sum, add, lora_linear and linear (which serve CUDA tensors) run here on CPU tensors,
-# with the reference kernels, against the same math written with torch ops in float64. Optional
-# inputs are left out in some calls: an absent one shifts the autograd edges of those after it.
+# layer_norm, bias_act (relu's masked form too), sum, add, lora_linear and linear (which serve CUDA
+# tensors) run here on CPU tensors, with the reference kernels, against the same math written with
+# torch ops in float64. Optional inputs are left out in some calls: an absent one shifts the
+# autograd edges of those after it.
 CPU_AUTOGRAD_CHECK = """
 import torch.nn.functional as F
 from cutlass_ext.ops import _activation
@@ -412,6 +413,10 @@ for weight, bias in ((w, b), (None, b), (w, None), (None, None)):
 for bias, residual in ((b, res), (None, res), (b, None)):
     check("bias_act", lambda x, b, r: cutlass_ext.bias_act(x, b, "gelu", scale=0.5, residual=r),
           lambda x, b, r: F.gelu(0.5 * x + (b if b is not None else 0) + (r if r is not None else 0)),
+          [x, bias, residual])
+for bias, residual in ((b, res), (None, res), (b, None), (None, None)):  # relu saves its mask
+    check("bias_act relu", lambda x, b, r: cutlass_ext.bias_act(x, b, "relu", scale=0.5, residual=r),
+          lambda x, b, r: F.relu(0.5 * x + (b if b is not None else 0) + (r if r is not None else 0)),
           [x, bias, residual])
 W, A, B, lb = torch.randn(5, 10), torch.randn(4, 10), torch.randn(5, 4), torch.randn(5)
 for bias in (lb, None):

@@ -1,7 +1,7 @@
-// Autograd of linear, lora_linear, softmax, layer_norm, bias_act, sum and add for CUDA tensors, in
-// C++. The Python autograd of these ops (register_autograd in cutlass_ext/ops/) costs ~40 us of
-// host time per call, and its backward takes the GIL on autograd's device thread, which cost more
-// than the kernels on small layers; these nodes do the same work without the interpreter. Each
+// Autograd of linear, lora_linear, softmax, layer_norm, bias_act (and its masked relu), sum and add
+// for CUDA tensors, in C++. The Python autograd of these ops (register_autograd in
+// cutlass_ext/ops/) costs ~40 us of host time per call, and its backward takes the GIL on
+// autograd's device thread, which cost more than the kernels on small layers; these nodes do the same work without the interpreter. Each
 // mirrors the setup_context/backward pair of its Python twin, which still serves CPU tensors and
 // the CUDA calls made before this library is loaded; both call the same ops through the dispatcher.
 //
@@ -267,6 +267,50 @@ at::Tensor bias_act_autograd(const at::Tensor& x, const OptTensor& bias, c10::st
   return y;
 }
 
+// _bias_relu_masked: relu(scale * x + bias + residual) and its mask; the backward reads grad and
+// the mask only.
+
+struct BiasReluMaskedBackward final : Node {
+  SavedVariable mask;
+  double scale = 1.0;
+
+  variable_list apply(variable_list&& grads) override {
+    static const auto op =
+        op_handle<Tensor3(const at::Tensor&, const at::Tensor&, double, bool, bool, bool)>(
+            "cutlass_ext::_bias_relu_mask_backward");
+    variable_list out(3);
+    const bool need[3] = {should_compute_output(0), should_compute_output(1), should_compute_output(2)};
+    if (!grads[0].defined() || !(need[0] || need[1] || need[2])) return out;
+    auto [dx, dbias, dresidual] = op.call(grads[0], mask.unpack(), scale, need[0], need[1], need[2]);
+    if (need[0]) out[0] = dx;
+    if (need[1]) out[1] = dbias;
+    if (need[2]) out[2] = dresidual;
+    return out;
+  }
+  void release_variables() override { mask.reset_data(); }
+  std::string name() const override { return "cutlass_ext::BiasReluMaskedBackward"; }
+};
+
+std::tuple<at::Tensor, at::Tensor> bias_relu_masked_autograd(const at::Tensor& x, const OptTensor& bias, double scale,
+                                                             const OptTensor& residual) {
+  static const auto op =
+      op_handle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptTensor&, double, const OptTensor&)>(
+          "cutlass_ext::_bias_relu_masked");
+  at::Tensor y, mask;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::tie(y, mask) = op.call(x, bias, scale, residual);
+  }
+  const at::Tensor b = tensor_or_undefined(bias), r = tensor_or_undefined(residual);
+  if (NodePtr node = make_node<BiasReluMaskedBackward>(x, b, r)) {
+    auto& n = static_cast<BiasReluMaskedBackward&>(*node);
+    n.mask = save(mask);
+    n.scale = scale;
+    torch::autograd::set_history(y, node);
+  }
+  return {y, mask};
+}
+
 // ---------------------------------------------------------------------------------------------
 // sum: the gradient is grad broadcast back over the reduced dimensions (a view, no kernel).
 
@@ -395,6 +439,7 @@ void register_nodes(torch::Library& m) {
   m.impl("softmax", &softmax_autograd);
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("bias_act", &bias_act_autograd);
+  m.impl("_bias_relu_masked", &bias_relu_masked_autograd);
   m.impl("sum", &sum_autograd);
   m.impl("add", &add_autograd);
 }

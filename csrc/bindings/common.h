@@ -94,8 +94,9 @@ inline cudaStream_t current_stream(const at::Device& device) {
   return static_cast<cudaStream_t>(stream.native_handle());
 }
 
-// Debug aid for tests: CUTLASS_EXT_POISON_OUTPUTS=1 fills every output with NaN before the
-// kernel writes it, so an element a kernel forgets to write cannot pass a comparison.
+// Debug aid for tests: CUTLASS_EXT_POISON_OUTPUTS=1 fills every output with NaN (integer ones with
+// all bits set) before the kernel writes it, so an element a kernel forgets to write cannot pass a
+// comparison.
 inline bool poison_outputs() {
   static const bool enabled = [] {
     const char* v = std::getenv("CUTLASS_EXT_POISON_OUTPUTS");
@@ -106,7 +107,13 @@ inline bool poison_outputs() {
 
 inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
   at::Tensor t = at::empty(sizes, options);
-  if (poison_outputs()) t.fill_(std::numeric_limits<float>::quiet_NaN());
+  if (poison_outputs()) {
+    if (c10::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
+      t.fill_(-1);
+    } else {
+      t.fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+  }
   return t;
 }
 

@@ -47,40 +47,112 @@ void check_bias(const c10::optional<at::Tensor>& bias, const at::Tensor& x, int6
 // ---------------------------------------------------------------------------------------------
 // bias_act
 
-at::Tensor bias_act_cuda(const at::Tensor& x, const c10::optional<at::Tensor>& bias, c10::string_view activation,
-                         double scale, const c10::optional<at::Tensor>& residual) {
-  const char* op = "bias_act";
-  const int64_t code = activation_code(activation, op);
+// The forward's checks and views, shared by bias_act and _bias_relu_masked; fills `p` but y.
+struct ForwardViews {
+  at::Tensor x, bias, residual;  // alive for the launch
+};
+
+ForwardViews forward_params(const at::Tensor& x, const c10::optional<at::Tensor>& bias, int64_t code, double scale,
+                            const c10::optional<at::Tensor>& residual, const char* op, BiasActParams& p) {
   CE_CHECK(x.is_cuda() && x.dim() >= 1, op, ": x must be a CUDA tensor with at least 1 dimension");
   const DType dt = dtype_of(x, op, "x");
   const int64_t cols = x.size(-1);
   check_bias(bias, x, cols, op);
   if (residual.has_value()) check_like(*residual, x, op, "residual", "x");
-  const c10::DeviceGuard guard(x.device());
-  at::Tensor y = new_output(x.sizes(), x.options());
-  if (x.numel() == 0) return y;
-
-  const int64_t rows = x.numel() / cols;
-  const at::Tensor xm = as_rows(x, rows, cols);
-  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-  const at::Tensor rm = residual.has_value() ? as_rows(*residual, rows, cols) : at::Tensor();
-  BiasActParams p;
-  p.rows = rows;
   p.cols = cols;
+  p.rows = cols == 0 ? 0 : x.numel() / cols;
   p.dtype = dt;
   p.activation = int(code);
   p.scale = float(scale);
-  p.x = xm.data_ptr();
-  p.x_ld = row_stride(xm);
-  if (b.defined()) p.bias = b.data_ptr();
-  if (rm.defined()) {
-    p.residual = rm.data_ptr();
-    p.residual_ld = row_stride(rm);
-  }
-  p.y = y.data_ptr();
   p.sm_count = sm_count(x.device().index());
+  ForwardViews v;
+  if (x.numel() == 0) return v;
+  v.x = as_rows(x, p.rows, cols);
+  p.x = v.x.data_ptr();
+  p.x_ld = row_stride(v.x);
+  if (bias.has_value()) {
+    v.bias = bias->contiguous();
+    p.bias = v.bias.data_ptr();
+  }
+  if (residual.has_value()) {
+    v.residual = as_rows(*residual, p.rows, cols);
+    p.residual = v.residual.data_ptr();
+    p.residual_ld = row_stride(v.residual);
+  }
+  return v;
+}
+
+at::Tensor bias_act_cuda(const at::Tensor& x, const c10::optional<at::Tensor>& bias, c10::string_view activation,
+                         double scale, const c10::optional<at::Tensor>& residual) {
+  const char* op = "bias_act";
+  const int64_t code = activation_code(activation, op);
+  BiasActParams p;
+  const ForwardViews views = forward_params(x, bias, code, scale, residual, op, p);
+  const c10::DeviceGuard guard(x.device());
+  at::Tensor y = new_output(x.sizes(), x.options());
+  if (x.numel() == 0) return y;
+  p.y = y.data_ptr();
   check_launch(bias_act_forward(p, current_stream(x.device())), op, "bias_act_forward");
   return y;
+}
+
+// relu(scale * x + bias + residual) and its mask for the backward: int32 words, bit e % 32 of word
+// e / 32 set where element e of y (row-major) has z > 0.
+std::tuple<at::Tensor, at::Tensor> bias_relu_masked_cuda(const at::Tensor& x, const c10::optional<at::Tensor>& bias,
+                                                         double scale, const c10::optional<at::Tensor>& residual) {
+  const char* op = "_bias_relu_masked";
+  BiasActParams p;
+  const ForwardViews views = forward_params(x, bias, int64_t(Activation::kRelu), scale, residual, op, p);
+  CE_CHECK(p.cols <= kMaxMaskCols, op, ": rows longer than ", kMaxMaskCols,
+           " elements have no masked kernel; call bias_act, which saves x for such rows");
+  const c10::DeviceGuard guard(x.device());
+  at::Tensor y = new_output(x.sizes(), x.options());
+  at::Tensor mask = new_output({mask_words(x.numel())}, x.options().dtype(at::kInt));
+  if (x.numel() == 0) return {y, mask};
+  p.y = y.data_ptr();
+  p.mask = reinterpret_cast<uint32_t*>(mask.data_ptr<int32_t>());
+  check_launch(bias_act_forward(p, current_stream(x.device())), op, "bias_act_forward");
+  return {y, mask};
+}
+
+// Allocates the backward's results, plans its row split and launches it. `p` comes with the
+// activation, scale and what recomputes z (x, bias, residual) or relu's mask.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_backward(BiasActBackwardParams p, const at::Tensor& grad,
+                                                               bool need_x, bool need_bias, bool need_residual) {
+  const int64_t cols = grad.size(-1);
+  const c10::DeviceGuard guard(grad.device());
+  const auto empty = [&] { return at::empty({0}, grad.options()); };
+  at::Tensor dx = need_x ? new_output(grad.sizes(), grad.options()) : empty();
+  at::Tensor dres = need_residual ? new_output(grad.sizes(), grad.options()) : empty();
+  at::Tensor db = need_bias ? new_output({cols}, grad.options()) : empty();
+  if (grad.numel() == 0) {
+    if (need_bias) db.zero_();  // a sum over zero rows
+    return {dx, db, dres};
+  }
+  if (!need_x && !need_bias && !need_residual) return {dx, db, dres};
+
+  const at::Tensor gm = as_rows(grad, grad.numel() / cols, cols);
+  p.rows = gm.size(0);
+  p.cols = cols;
+  p.grad = gm.data_ptr();
+  p.grad_ld = row_stride(gm);
+  if (need_x) p.grad_x = dx.data_ptr();
+  if (need_residual) p.grad_residual = dres.data_ptr();
+  const int device = grad.device().index();
+  p.row_splits = bias_act_backward_row_splits(p.rows, cols, p.dtype, p.activation, p.residual != nullptr,
+                                              p.mask != nullptr, sm_count(device), device);
+  at::Tensor partials;
+  if (need_bias) {
+    p.grad_bias = db.data_ptr();
+    if (p.row_splits > 1) {
+      partials = at::empty({p.row_splits, cols}, grad.options().dtype(at::kFloat));
+      p.partials = partials.data_ptr<float>();
+    }
+  }
+  check_launch(bias_act_backward(p, current_stream(grad.device())), p.mask != nullptr ? "_bias_relu_mask_backward"
+                                                                                       : "_bias_act_backward",
+               "bias_act_backward");
+  return {dx, db, dres};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
@@ -90,37 +162,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
   const char* op = "_bias_act_backward";
   const int64_t code = activation_code(activation, op);
   CE_CHECK(x.is_cuda() && x.dim() >= 1, op, ": x must be a CUDA tensor with at least 1 dimension");
-  const DType dt = dtype_of(x, op, "x");
+  BiasActBackwardParams p;
+  p.dtype = dtype_of(x, op, "x");
   check_like(grad, x, op, "grad", "x");
   const int64_t cols = x.size(-1);
   check_bias(bias, x, cols, op);
   if (residual.has_value()) check_like(*residual, x, op, "residual", "x");
   CE_CHECK(!need_bias || bias.has_value(), op, ": need_bias requires a bias");
   CE_CHECK(!need_residual || residual.has_value(), op, ": need_residual requires a residual");
-  const c10::DeviceGuard guard(x.device());
-  const auto empty = [&] { return at::empty({0}, x.options()); };
-  at::Tensor dx = need_x ? new_output(x.sizes(), x.options()) : empty();
-  at::Tensor dres = need_residual ? new_output(x.sizes(), x.options()) : empty();
-  at::Tensor db = need_bias ? new_output({cols}, x.options()) : empty();
-  if (x.numel() == 0) {
-    if (need_bias) db.zero_();  // a sum over zero rows
-    return {dx, db, dres};
-  }
-  if (!need_x && !need_bias && !need_residual) return {dx, db, dres};
-
-  const int64_t rows = x.numel() / cols;
-  const bool reads_z = code != int64_t(Activation::kNone);
-  const at::Tensor gm = as_rows(grad, rows, cols);
-  BiasActBackwardParams p;
-  p.rows = rows;
-  p.cols = cols;
-  p.dtype = dt;
   p.activation = int(code);
   p.scale = float(scale);
-  p.grad = gm.data_ptr();
-  p.grad_ld = row_stride(gm);
   at::Tensor xm, b, rm;  // read only to recompute z (not for activation "none")
-  if (reads_z) {
+  if (code != int64_t(Activation::kNone) && x.numel() != 0) {
+    const int64_t rows = x.numel() / cols;
     xm = as_rows(x, rows, cols);
     p.x = xm.data_ptr();
     p.x_ld = row_stride(xm);
@@ -134,21 +188,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
       p.residual_ld = row_stride(rm);
     }
   }
-  if (need_x) p.grad_x = dx.data_ptr();
-  if (need_residual) p.grad_residual = dres.data_ptr();
-  const int device = x.device().index();
-  p.row_splits =
-      bias_act_backward_row_splits(rows, cols, dt, p.activation, p.residual != nullptr, sm_count(device), device);
-  at::Tensor partials;
-  if (need_bias) {
-    p.grad_bias = db.data_ptr();
-    if (p.row_splits > 1) {
-      partials = at::empty({p.row_splits, cols}, x.options().dtype(at::kFloat));
-      p.partials = partials.data_ptr<float>();
-    }
-  }
-  check_launch(bias_act_backward(p, current_stream(x.device())), op, "bias_act_backward");
-  return {dx, db, dres};
+  return launch_backward(p, grad, need_x, need_bias, need_residual);
+}
+
+// The backward of _bias_relu_masked from grad and the mask alone (x, bias and residual not read).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_relu_mask_backward_cuda(const at::Tensor& grad,
+                                                                            const at::Tensor& mask, double scale,
+                                                                            bool need_x, bool need_bias,
+                                                                            bool need_residual) {
+  const char* op = "_bias_relu_mask_backward";
+  CE_CHECK(grad.is_cuda() && grad.dim() >= 1, op, ": grad must be a CUDA tensor with at least 1 dimension");
+  BiasActBackwardParams p;
+  p.dtype = dtype_of(grad, op, "grad");
+  CE_CHECK(mask.scalar_type() == at::kInt && mask.dim() == 1 && mask.is_contiguous() &&
+               mask.device() == grad.device() && mask.numel() == mask_words(grad.numel()),
+           op, ": mask must be the contiguous int32 [", mask_words(grad.numel()),
+           "] tensor _bias_relu_masked returned for grad's shape, on grad's device");
+  p.activation = int(Activation::kRelu);
+  p.scale = float(scale);
+  if (grad.numel() != 0) p.mask = reinterpret_cast<const uint32_t*>(mask.data_ptr<int32_t>());
+  return launch_backward(p, grad, need_x, need_bias, need_residual);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +352,8 @@ at::Tensor add_cuda(const at::Tensor& a, const at::Tensor& b) {
 TORCH_LIBRARY_IMPL(cutlass_ext, CUDA, m) {
   m.impl("bias_act", &cutlass_ext::bias_act_cuda);
   m.impl("_bias_act_backward", &cutlass_ext::bias_act_backward_cuda);
+  m.impl("_bias_relu_masked", &cutlass_ext::bias_relu_masked_cuda);
+  m.impl("_bias_relu_mask_backward", &cutlass_ext::bias_relu_mask_backward_cuda);
   m.impl("sum", &cutlass_ext::sum_cuda);
   m.impl("add", &cutlass_ext::add_cuda);
 }

@@ -111,8 +111,79 @@ __global__ void __launch_bounds__(kThreads, forward_min_blocks(kAct))
                                              static_cast<T*>(p.y) + at, bias, 0, 0);
 }
 
+// relu's forward when a backward follows: y as above and the backward's mask, one bit an element
+// of y (z > 0, so NaN gives 0 as relu's derivative does). The backward then reads dy and 1/8 byte
+// an element where it read dy and x (and the residual). A thread's kVec bits go to their place in
+// the 32-bit word that 32 / kVec adjacent lanes share; shuffles OR them across those lanes (a
+// ballot for kVec = 1) and the group's first lane stores the word. x and the residual may have a
+// row stride: a thread's row and column come from its vector index. One launch covers `vectors`
+// vectors of a chunk of rows whose first element starts a mask word.
+template <class T, int kVec, bool kResidual>
+__global__ void __launch_bounds__(kThreads, 8)
+    bias_relu_mask_kernel(BiasActParams p, uint32_t row_vectors, uint32_t vectors) {
+  constexpr int kGroup = 32 / kVec;  // lanes that share a mask word
+  const uint32_t v = blockIdx.x * kThreads + threadIdx.x;
+  uint32_t bits = 0;
+  if (v < vectors) {
+    const uint32_t r = v / row_vectors;
+    const int64_t col = int64_t(v - r * row_vectors) * kVec;
+    const Pack<T, kVec> bias = bias_pack<T, kVec>(p, col);
+    const Pack<T, kVec> xv = load_pack<T, kVec>(static_cast<const T*>(p.x) + r * p.x_ld + col);
+    Pack<T, kVec> rv;
+    if constexpr (kResidual) rv = load_pack<T, kVec>(static_cast<const T*>(p.residual) + r * p.residual_ld + col);
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float z = fmaf(p.scale, float(xv.v[i]), float(bias.v[i]));
+      if constexpr (kResidual) z += float(rv.v[i]);
+      out.v[i] = T(act::relu(z));
+      bits |= uint32_t(z > 0.f) << i;
+    }
+    store_pack<T, kVec>(static_cast<T*>(p.y) + int64_t(v) * kVec, out);
+  }
+  const int lane = threadIdx.x % 32;
+  uint32_t word;
+  if constexpr (kVec == 1) {
+    word = __ballot_sync(0xffffffffu, bits != 0);
+  } else {
+    word = bits << ((lane % kGroup) * kVec);
+#pragma unroll
+    for (int d = 1; d < kGroup; d *= 2) word |= __shfl_xor_sync(0xffffffffu, word, d);
+  }
+  // A group whose first vector is past the end starts past the last word (vectors start words).
+  if (lane % kGroup == 0 && v < vectors) p.mask[(int64_t(v) * kVec) / 32] = word;
+}
+
+// Rows a launch of bias_relu_mask_kernel may take: all of them where their vectors fit 32-bit
+// indices, else a multiple of 32 that fits (so each launch starts a mask word; with rows of at most
+// kMaxMaskCols elements, at least 32 fit).
+int64_t mask_chunk_rows(int64_t rows, int64_t row_vectors) {
+  constexpr int64_t kMaxVectors = int64_t(1) << 31;
+  if (rows * row_vectors <= kMaxVectors) return rows;
+  return kMaxVectors / row_vectors / 32 * 32;
+}
+
+template <class T, int kVec>
+void launch_bias_relu_mask(BiasActParams const& p, cudaStream_t stream) {
+  const int64_t row_vectors = p.cols / kVec;
+  const int64_t chunk = mask_chunk_rows(p.rows, row_vectors);
+  auto* kernel = p.residual != nullptr ? bias_relu_mask_kernel<T, kVec, true> : bias_relu_mask_kernel<T, kVec, false>;
+  for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
+    BiasActParams q = p;
+    q.rows = std::min(chunk, p.rows - r0);
+    q.x = static_cast<const T*>(p.x) + r0 * p.x_ld;
+    if (p.residual != nullptr) q.residual = static_cast<const T*>(p.residual) + r0 * p.residual_ld;
+    q.y = static_cast<T*>(p.y) + r0 * p.cols;
+    q.mask = p.mask + r0 * p.cols / 32;
+    const int64_t vectors = q.rows * row_vectors;
+    kernel<<<unsigned(ceil_div(vectors, int64_t(kThreads))), kThreads, 0, stream>>>(q, uint32_t(row_vectors),
+                                                                                    uint32_t(vectors));
+  }
+}
+
 template <class T, int kVec>
 void launch_bias_act_forward_vec(BiasActParams const& p, cudaStream_t stream) {
+  if (p.mask != nullptr) return launch_bias_relu_mask<T, kVec>(p, stream);
   const int64_t vectors = p.rows * p.cols / kVec;
   const bool flat = p.x_ld == p.cols && (p.residual == nullptr || p.residual_ld == p.cols) &&
                     vectors <= int64_t(UINT32_MAX) - kThreads;
@@ -152,16 +223,26 @@ struct BiasActForwardFn {
 // ------------------------------------------------------------------------------------------------
 // bias_act backward
 
-template <int kN, int kAct, class T, int kVec>
+// kMask: relu from the forward's mask (bits col .. col + kVec - 1 of the row's flat index, which
+// never straddle a word: the vector path has cols % kVec == 0) in place of z.
+template <int kN, int kAct, bool kMask, class T, int kVec>
 __device__ __forceinline__ void bias_act_backward_rows(BiasActBackwardParams const& p, int64_t col, const float* b,
                                                        int64_t r, int64_t step, float* acc) {
-  constexpr bool kNeedZ = kAct != int(Activation::kNone);
+  constexpr bool kNeedZ = kAct != int(Activation::kNone) && !kMask;
   const T* __restrict__ grad = static_cast<const T*>(p.grad) + col;
   const T* __restrict__ x = static_cast<const T*>(p.x) + col;
   const T* __restrict__ res = p.residual != nullptr ? static_cast<const T*>(p.residual) + col : nullptr;
   Pack<T, kVec> gv[kN], xv[kN], rv[kN];
+  uint32_t mv[kN];
 #pragma unroll
   for (int u = 0; u < kN; ++u) gv[u] = load_pack<T, kVec>(grad + (r + u * step) * p.grad_ld);
+  if constexpr (kMask) {
+#pragma unroll
+    for (int u = 0; u < kN; ++u) {
+      const int64_t e = (r + u * step) * p.cols + col;
+      mv[u] = __ldg(p.mask + e / 32) >> (e % 32);
+    }
+  }
   if constexpr (kNeedZ) {
 #pragma unroll
     for (int u = 0; u < kN; ++u) xv[u] = load_pack<T, kVec>(x + (r + u * step) * p.x_ld);
@@ -181,7 +262,12 @@ __device__ __forceinline__ void bias_act_backward_rows(BiasActBackwardParams con
         if (res != nullptr) z += float(rv[u].v[i]);
       }
       // relu's backward tests saved > 0, which holds for z exactly where it holds for y.
-      const float dz = act::backward_for<T>(kAct, float(gv[u].v[i]), z);
+      float dz;
+      if constexpr (kMask) {
+        dz = (mv[u] >> i) & 1u ? float(gv[u].v[i]) : 0.f;
+      } else {
+        dz = act::backward_for<T>(kAct, float(gv[u].v[i]), z);
+      }
       acc[i] += dz;
       dx.v[i] = T(p.scale * dz);
       dres.v[i] = T(dz);
@@ -192,7 +278,7 @@ __device__ __forceinline__ void bias_act_backward_rows(BiasActBackwardParams con
   }
 }
 
-template <class T, int kVec, int kAct, int kUnroll>
+template <class T, int kVec, int kAct, int kUnroll, bool kMask = false>
 __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBackwardParams p, int64_t rows_per_split) {
   __shared__ float sums[kThreads * kVec];
   const int tx = blockDim.x, ty = blockDim.y;
@@ -205,7 +291,7 @@ __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBack
   for (int i = 0; i < kVec; ++i) acc[i] = 0.f;
   if (col < p.cols) {
     float b[kVec];
-    if (kAct != int(Activation::kNone) && p.bias != nullptr) {
+    if (kAct != int(Activation::kNone) && !kMask && p.bias != nullptr) {
       const Pack<T, kVec> bv = load_pack<T, kVec>(static_cast<const T*>(p.bias) + col);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) b[i] = float(bv.v[i]);
@@ -215,9 +301,9 @@ __global__ void __launch_bounds__(kThreads) bias_act_backward_kernel(BiasActBack
     }
     int64_t r = row_begin + threadIdx.y;
     for (; r + (kUnroll - 1) * ty < row_end; r += kUnroll * ty) {
-      bias_act_backward_rows<kUnroll, kAct, T, kVec>(p, col, b, r, ty, acc);
+      bias_act_backward_rows<kUnroll, kAct, kMask, T, kVec>(p, col, b, r, ty, acc);
     }
-    for (; r < row_end; r += ty) bias_act_backward_rows<1, kAct, T, kVec>(p, col, b, r, ty, acc);
+    for (; r < row_end; r += ty) bias_act_backward_rows<1, kAct, kMask, T, kVec>(p, col, b, r, ty, acc);
   }
   if (p.grad_bias == nullptr) return;
   if (p.row_splits > 1) allow_dependent_launch();  // sum_partials may be scheduled
@@ -246,9 +332,11 @@ using BackwardKernel = void (*)(BiasActBackwardParams, int64_t);
 // one: there the math limits the kernel, and one row holds 58-64 registers (4 blocks an SM) where
 // two hold 65-80 (3). On an H200 (bench/NOTES.md section 42) bias+SiLU forward+backward ran
 // 1.10-1.15x faster with one; bias+GELU+residual (a third stream to load) ran 1-2% slower, so it
-// keeps two, as do the scalar kernels (30-42 registers, not measured with one).
+// keeps two, as do the scalar kernels (30-42 registers, not measured with one), and relu from
+// its mask.
 template <class T, int kVec>
-BackwardKernel backward_kernel(int activation, bool residual) {
+BackwardKernel backward_kernel(int activation, bool residual, bool mask) {
+  if (mask) return bias_act_backward_kernel<T, kVec, int(Activation::kRelu), 2, true>;
   BackwardKernel kernel = nullptr;
   dispatch_activation(activation, [&](auto kind) {
     constexpr int kAct = decltype(kind)::value;
@@ -268,14 +356,15 @@ void launch_bias_act_backward_vec(BiasActBackwardParams const& p, cudaStream_t s
   const int64_t col_blocks = ceil_div(p.cols / kVec, block.x);
   const int64_t rows_per_split = ceil_div(p.rows, p.row_splits);
   const dim3 grid{unsigned(col_blocks), unsigned(p.row_splits)};
-  backward_kernel<T, kVec>(p.activation, p.residual != nullptr)<<<grid, block, 0, stream>>>(p, rows_per_split);
+  backward_kernel<T, kVec>(p.activation, p.residual != nullptr, p.mask != nullptr)<<<grid, block, 0, stream>>>(
+      p, rows_per_split);
 }
 
 template <class T>
 struct BiasActBackwardFn {
   void operator()(BiasActBackwardParams const& p, cudaStream_t stream) const {
     constexpr int kVec = vec_width<T>();
-    const bool reads_z = p.activation != int(Activation::kNone);
+    const bool reads_z = p.activation != int(Activation::kNone) && p.mask == nullptr;
     const bool vectorizable =
         p.cols % kVec == 0 && aligned16(p.grad) && p.grad_ld % kVec == 0 &&
         (!reads_z || (aligned16(p.x) && p.x_ld % kVec == 0 && (p.bias == nullptr || aligned16(p.bias)) &&
@@ -292,9 +381,10 @@ struct BiasActBackwardFn {
 // Blocks of the vectorized backward kernel that fit one SM of `device` (3 or 4 for 16-bit data).
 template <class T>
 struct BackwardResidentFn {
-  int operator()(int activation, bool residual, int device) const {
-    return cached_resident_blocks(reinterpret_cast<const void*>(backward_kernel<T, vec_width<T>()>(activation, residual)),
-                                  kThreads, 0, device);
+  int operator()(int activation, bool residual, bool mask, int device) const {
+    return cached_resident_blocks(
+        reinterpret_cast<const void*>(backward_kernel<T, vec_width<T>()>(activation, residual, mask)), kThreads, 0,
+        device);
   }
 };
 
@@ -348,15 +438,19 @@ struct AddFn {
 
 LaunchResult bias_act_forward(BiasActParams const& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return {};
+  if (p.mask != nullptr) {
+    if (p.activation != int(Activation::kRelu)) return {"launch", "the mask is relu's only"};
+    if (p.cols > kMaxMaskCols) return {"launch", "rows longer than 2^26 elements have no masked kernel"};
+  }
   return dispatch_dtype<BiasActForwardFn>(p, stream);
 }
 
-int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, bool residual,
+int bias_act_backward_row_splits(int64_t rows, int64_t cols, DType dtype, int activation, bool residual, bool mask,
                                  int sm_count, int device) {
   const int vec = dtype == DType::kF32 ? 4 : 8;
   const int64_t col_vecs = ceil_div(cols, int64_t(vec));
   const int64_t col_blocks = ceil_div(col_vecs, int64_t(column_block(col_vecs).x));
-  const int resident = call_for_dtype<BackwardResidentFn>(dtype, activation, residual, device);
+  const int resident = call_for_dtype<BackwardResidentFn>(dtype, activation, residual, mask, device);
   const int64_t wave = int64_t(resident) * std::max(sm_count, 1);
   return wave_row_splits(col_blocks, wave, std::max<int64_t>(1, rows / kMinRowsPerSplit));
 }

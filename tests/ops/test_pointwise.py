@@ -3,6 +3,7 @@ CUDA (hand-written kernels)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -279,6 +280,172 @@ def test_bias_act_backward_is_deterministic():
 
 
 # ------------------------------------------------------------------------------------------------
+# relu's masked forward: with a backward to come, bias_act saves one bit an element (z > 0)
+
+
+def mask_bits(mask, numel):
+    """The mask's bits in element order and its padding bits, read from the int32 words' bytes in
+    memory (little-endian) lowest bit first, independently of the op's own unpacking."""
+    raw = np.unpackbits(mask.cpu().numpy().view(np.uint8), bitorder="little")
+    return torch.from_numpy(raw[:numel].astype(bool)), torch.from_numpy(raw[numel:])
+
+
+def z64_of(x, bias, scale, residual):
+    z = x.double() * scale
+    if bias is not None:
+        z = z + bias.double()
+    if residual is not None:
+        z = z + residual.double()
+    return z
+
+
+# 16-byte vectors over rows one after another (c1000; c24, whose 32-element mask words span rows)
+# and rows apart; the scalar path (c7 and c4097, whose last word is partial; an unaligned base);
+# a 1-D x and no rows.
+MASK_CASES = {
+    "c1000": lambda d, t: rand(37, 1000, device=d, dtype=t),
+    "c24": lambda d, t: rand(999, 24, device=d, dtype=t),
+    "rows_apart": lambda d, t: rand(40, 320, device=d, dtype=t)[:, 64:320],
+    "c7": lambda d, t: rand(5, 7, device=d, dtype=t),
+    "c4097": lambda d, t: rand(9, 4097, device=d, dtype=t),
+    "offset": lambda d, t: rand(64 * 64 + 1, device=d, dtype=t)[1:].view(64, 64),
+    "vector": lambda d, t: rand(48, device=d, dtype=t),
+    "zero_rows": lambda d, t: rand(0, 64, device=d, dtype=t),
+}
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("case", list(MASK_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_bias_relu_masked(device, dtype_name, case, with_residual):
+    dtype = DTYPES[dtype_name]
+    x = MASK_CASES[case](device, dtype)
+    bias = rand(x.shape[-1], device=device, dtype=dtype)
+    residual = MASK_CASES[case](device, dtype) if with_residual else None
+    y, mask = torch.ops.cutlass_ext._bias_relu_masked(x, bias, 0.75, residual)
+    assert mask.dtype == torch.int32 and mask.shape == ((x.numel() + 31) // 32,)
+    z64 = z64_of(x, bias, 0.75, residual)
+    assert_close_to_reference(y, torch.relu(z64), ref_bias_act(x, bias, "relu", 0.75, residual), dtype_name)
+    bits, padding = mask_bits(mask, x.numel())
+    z64 = z64.cpu().reshape(-1)
+    decided = z64.abs() > 1e-5  # where fp32 rounding cannot flip the sign
+    assert torch.equal(bits[decided], (z64 > 0)[decided])
+    assert not padding.any(), "the last word's unused bits must be 0"
+
+
+def test_bias_relu_mask_of_zero_nan_and_infinities(device):
+    vals = [0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1e-45, -1e-45, 3.0, -3.0]
+    x = torch.tensor(vals * 5, device=device, dtype=torch.float32).view(5, 9)
+    y, mask = torch.ops.cutlass_ext._bias_relu_masked(x, None, 1.0, None)
+    bits, _ = mask_bits(mask, x.numel())
+    assert bits.view(5, 9)[0].tolist() == [False, False, False, True, False, True, False, True, False]
+    assert torch.isnan(y[:, 2]).all() and torch.equal(y[:, 3:], torch.relu(x[:, 3:]))
+
+
+@pytest.mark.parametrize("case", list(MASK_CASES))
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_bias_relu_mask_backward(device, dtype_name, case):
+    dtype = DTYPES[dtype_name]
+    x = MASK_CASES[case](device, dtype)
+    bias = rand(x.shape[-1], device=device, dtype=dtype)
+    _, mask = torch.ops.cutlass_ext._bias_relu_masked(x, bias, 1.0, None)
+    grad = MASK_CASES[case](device, dtype)  # strided, offset and scalar layouts as x's
+    dx, db, dres = torch.ops.cutlass_ext._bias_relu_mask_backward(grad, mask, 1.5, True, True, True)
+    bits, _ = mask_bits(mask, x.numel())
+    dz = torch.where(bits.view(x.shape).to(device), grad.double(), 0)
+    dz_peer = torch.where(bits.view(x.shape).to(device), grad, 0)
+    assert_close_to_reference(dx, 1.5 * dz, 1.5 * dz_peer, dtype_name, what="dx")
+    assert_close_to_reference(dres, dz, dz_peer, dtype_name, what="dresidual")
+    if x.numel() == 0:
+        assert torch.equal(db, torch.zeros_like(db))
+    else:
+        c = x.shape[-1]
+        typical = dz.reshape(-1, c).abs().sum(0) / max(dz.numel() // c, 1) ** 0.5
+        assert_close_to_reference(db, dz.reshape(-1, c).sum(0), dz_peer.reshape(-1, c).sum(0), dtype_name,
+                                  what="dbias", scale=typical)
+
+
+def saved_by_backward(fn):
+    """The tensors autograd saves while fn runs, as (dtype, shape)."""
+    saved = []
+
+    def pack(t):
+        saved.append((t.dtype, tuple(t.shape)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return saved
+
+
+def test_bias_act_relu_saves_its_mask_only(device, monkeypatch):
+    x = rand(30, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    bias = rand(40, device=device, dtype=torch.bfloat16).requires_grad_()
+    residual = rand(30, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    saved = saved_by_backward(lambda: cutlass_ext.bias_act(x, bias, "relu", residual=residual))
+    assert saved == [(torch.int32, (38,))]  # 1200 bits
+    # Other activations save x, bias and residual to recompute z; so does relu past the masked
+    # kernel's row length, and no grad mode saves nothing.
+    assert len(saved_by_backward(lambda: cutlass_ext.bias_act(x, bias, "gelu", residual=residual))) == 3
+    with torch.no_grad():
+        y = cutlass_ext.bias_act(x, bias, "relu", residual=residual)
+    assert y.grad_fn is None
+    from cutlass_ext.ops import pointwise
+
+    monkeypatch.setattr(pointwise, "MAX_MASK_COLS", 32)
+    saved = saved_by_backward(lambda: cutlass_ext.bias_act(x, bias, "relu", residual=residual))
+    assert [d for d, _ in saved] == [torch.bfloat16] * 3
+    out = cutlass_ext.bias_act(x, bias, "relu", residual=residual)
+    out.backward(torch.ones_like(out))
+    assert torch.equal(x.grad, ((x + bias + residual).float() > 0).to(x.dtype))
+
+
+@requires_cuda
+def test_bias_act_relu_backward_reads_the_mask():
+    x = rand(4096, 512, device="cuda", dtype=torch.float32).requires_grad_()
+    bias = rand(512, device="cuda", dtype=torch.float32).requires_grad_()
+    out = cutlass_ext.bias_act(x, bias, "relu")
+    grad = torch.ones_like(out)
+    _, names = cuda_kernels_run(lambda: out.backward(grad))
+    backward = [n for n in names if "bias_act_backward_kernel" in n]
+    assert len(backward) == 1 and "true>" in backward[0], names
+
+
+@requires_cuda
+def test_bias_relu_mask_past_32_bit_vector_indices():
+    # More than 2^31 vectors (the scalar path of odd-length rows: one element a vector) take
+    # launches of row chunks that each start a mask word; y and every bit must still be right.
+    free, _ = torch.cuda.mem_get_info()
+    if free < 24 * 2**30:
+        pytest.skip("needs 24 GiB of free GPU memory")
+    cols = 4097
+    rows = (2**31 + 2**22) // cols
+    x = torch.empty(rows, cols, device="cuda", dtype=torch.float16)
+    for r in range(0, rows, 2**16):
+        x[r:r + 2**16].normal_()
+    y, mask = torch.ops.cutlass_ext._bias_relu_masked(x, None, 1.0, None)
+    flat_x, flat_y = x.view(-1), y.view(-1)
+    shifts = torch.arange(32, device="cuda", dtype=torch.int64)
+    step = 2**22  # words at a time
+    for w in range(0, mask.numel(), step):
+        words = mask[w:w + step]
+        bits = ((words.to(torch.int64).unsqueeze(1) >> shifts) & 1).view(-1).bool()
+        part = flat_x[w * 32:(w + step) * 32]
+        assert torch.equal(bits[:part.numel()], part > 0), f"mask words from {w}"
+        assert not bits[part.numel():].any()
+        assert torch.equal(flat_y[w * 32:(w + step) * 32], torch.relu(part)), f"y from element {w * 32}"
+
+
+def test_bias_relu_mask_backward_rejects_a_foreign_mask(device):
+    grad = rand(8, 16, device=device, dtype=torch.float32)
+    op = torch.ops.cutlass_ext._bias_relu_mask_backward
+    with pytest.raises((RuntimeError, ValueError), match="mask must be"):
+        op(grad, torch.zeros(5, device=device, dtype=torch.int32), 1.0, True, False, False)
+    with pytest.raises((RuntimeError, ValueError), match="mask must be"):
+        op(grad, torch.zeros(4, device=device, dtype=torch.int64), 1.0, True, False, False)
+
+
+# ------------------------------------------------------------------------------------------------
 # sum
 
 
@@ -473,6 +640,20 @@ def test_opcheck_bias_act_backward(device, act):
     torch.library.opcheck(op, (grad, x, None, None, act, 1.0, True, False, False))
 
 
+def test_opcheck_bias_relu_masked(device):
+    x = rand(2, 24, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    bias = rand(40, device=device, dtype=torch.bfloat16).requires_grad_()
+    residual = rand(2, 24, 40, device=device, dtype=torch.bfloat16).requires_grad_()
+    op = torch.ops.cutlass_ext._bias_relu_masked.default
+    torch.library.opcheck(op, (x, bias, 0.5, residual))
+    torch.library.opcheck(op, (x, None, 1.0, None))
+    grad = rand(2, 24, 40, device=device, dtype=torch.bfloat16)
+    _, mask = op(x.detach(), bias.detach(), 0.5, residual.detach())
+    backward = torch.ops.cutlass_ext._bias_relu_mask_backward.default
+    for needs in [(True, True, True), (True, False, False), (False, True, False), (False, False, True)]:
+        torch.library.opcheck(backward, (grad, mask, 2.0, *needs))
+
+
 def test_opcheck_sum_and_add(device):
     x = rand(6, 10, 12, device=device, dtype=torch.float32).requires_grad_()
     y = rand(6, 10, 12, device=device, dtype=torch.float32).requires_grad_()
@@ -486,14 +667,15 @@ def _compile_backend(device):
     return "inductor" if device == "cuda" else "aot_eager"
 
 
-def test_compile_fullgraph(device):
+@pytest.mark.parametrize("act", ["gelu", "relu"])  # relu: the masked forward
+def test_compile_fullgraph(device, act):
     torch._dynamo.reset()
     x = rand(64, 96, device=device, dtype=torch.float32).requires_grad_()
     bias = rand(96, device=device, dtype=torch.float32).requires_grad_()
     residual = rand(64, 96, device=device, dtype=torch.float32).requires_grad_()
 
     def step(x, b, r):
-        h = cutlass_ext.bias_act(x, b, "gelu", scale=0.5, residual=r)
+        h = cutlass_ext.bias_act(x, b, act, scale=0.5, residual=r)
         h = cutlass_ext.add(h, r)
         return cutlass_ext.sum(h.square(), (0, 1))
 
@@ -519,7 +701,10 @@ def test_cuda_graph_capture():
     def run():
         y = cutlass_ext.bias_act(x, bias, "silu", scale=2.0, residual=residual)
         dx, db, dr = torch.ops.cutlass_ext._bias_act_backward(y, x, bias, residual, "silu", 2.0, True, True, True)
-        return y, cutlass_ext.sum(x, 0), cutlass_ext.sum(x, 1), cutlass_ext.add(y, residual), dx, db, dr
+        ym, mask = torch.ops.cutlass_ext._bias_relu_masked(x, bias, 2.0, residual)
+        masked = torch.ops.cutlass_ext._bias_relu_mask_backward(y, mask, 2.0, True, True, True)
+        return (y, cutlass_ext.sum(x, 0), cutlass_ext.sum(x, 1), cutlass_ext.add(y, residual), dx, db, dr, ym, mask,
+                *masked)
 
     graph, outs = capture_cuda_graph(run)
     for _ in range(2):
