@@ -332,11 +332,16 @@ using BackwardKernel = void (*)(BiasActBackwardParams, int64_t);
 // one: there the math limits the kernel, and one row holds 58-64 registers (4 blocks an SM) where
 // two hold 65-80 (3). On an H200 (bench/NOTES.md section 42) bias+SiLU forward+backward ran
 // 1.10-1.15x faster with one; bias+GELU+residual (a third stream to load) ran 1-2% slower, so it
-// keeps two, as do the scalar kernels (30-42 registers, not measured with one), and relu from
-// its mask.
+// keeps two, as do the scalar kernels (30-42 registers, not measured with one). relu from its
+// mask keeps two rows for fp32 (40 registers, six blocks an SM) and one for 16-bit vectors (40
+// registers and six blocks, where two held 58 and four): on an H200 (bench/NOTES.md section 80)
+// bf16 forward+backward ran 1.6-3.5% faster with one and fp32 0-1% slower.
 template <class T, int kVec>
 BackwardKernel backward_kernel(int activation, bool residual, bool mask) {
-  if (mask) return bias_act_backward_kernel<T, kVec, int(Activation::kRelu), 2, true>;
+  if (mask) {
+    constexpr int kMaskRows = sizeof(T) == 2 && kVec > 1 ? 1 : 2;
+    return bias_act_backward_kernel<T, kVec, int(Activation::kRelu), kMaskRows, true>;
+  }
   BackwardKernel kernel = nullptr;
   dispatch_activation(activation, [&](auto kind) {
     constexpr int kAct = decltype(kind)::value;
