@@ -242,16 +242,22 @@ def test_bias_act_backward_shapes(device, act, case):
         assert_close_to_reference(o, r, p, "bf16", what=name)
 
 
+@pytest.mark.parametrize("act", ["gelu", "relu"])  # relu: the masked forward's node
 @pytest.mark.parametrize("needs", ["x", "bias", "residual", "x+bias", "bias+residual"])
-def test_bias_act_backward_computes_only_needed_grads(device, needs):
+def test_bias_act_backward_computes_only_needed_grads(device, needs, act):
     wanted = needs.split("+")
     x = rand(40, 24, device=device, dtype=torch.float32).requires_grad_("x" in wanted)
     bias = rand(24, device=device, dtype=torch.float32).requires_grad_("bias" in wanted)
     residual = rand(40, 24, device=device, dtype=torch.float32).requires_grad_("residual" in wanted)
-    out = cutlass_ext.bias_act(x, bias, "gelu", scale=2.0, residual=residual)
-    out.backward(torch.ones_like(out))
+    out = cutlass_ext.bias_act(x, bias, act, scale=2.0, residual=residual)
+    grad = rand(40, 24, device=device, dtype=torch.float32)
+    out.backward(grad)
+    dz = _activation.backward(grad.double(), (2.0 * x + bias + residual).detach().double(), act)
+    expected = {"x": 2.0 * dz, "bias": dz.sum(0), "residual": dz}
     for name, t in (("x", x), ("bias", bias), ("residual", residual)):
         assert (t.grad is not None) == (name in wanted)
+        if t.grad is not None:
+            torch.testing.assert_close(t.grad.double(), expected[name], rtol=1e-5, atol=1e-5)
 
 
 @requires_cuda
@@ -311,6 +317,8 @@ MASK_CASES = {
     "offset": lambda d, t: rand(64 * 64 + 1, device=d, dtype=t)[1:].view(64, 64),
     "vector": lambda d, t: rand(48, device=d, dtype=t),
     "zero_rows": lambda d, t: rand(0, 64, device=d, dtype=t),
+    "expanded_rows": lambda d, t: rand(1, 256, device=d, dtype=t).expand(50, 256),  # row stride 0
+    "transposed": lambda d, t: rand(64, 72, device=d, dtype=t).t(),  # copied to rows
 }
 
 
