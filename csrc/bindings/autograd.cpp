@@ -1,9 +1,10 @@
 // Autograd of linear, lora_linear, softmax, layer_norm, bias_act (and its masked relu), sum and add
 // for CUDA tensors, in C++. The Python autograd of these ops (register_autograd in
 // cutlass_ext/ops/) costs ~40 us of host time per call, and its backward takes the GIL on
-// autograd's device thread, which cost more than the kernels on small layers; these nodes do the same work without the interpreter. Each
-// mirrors the setup_context/backward pair of its Python twin, which still serves CPU tensors and
-// the CUDA calls made before this library is loaded; both call the same ops through the dispatcher.
+// autograd's device thread, which cost more than the kernels on small layers; these nodes do the
+// same work without the interpreter. Each mirrors the setup_context/backward pair of its Python
+// twin, which still serves CPU tensors and the CUDA calls made before this library is loaded; both
+// call the same ops through the dispatcher.
 //
 // The nodes are plain autograd nodes, as torch's generated code makes them, rather than
 // torch::autograd::Function: its context and output bookkeeping cost ~8 us of host time per

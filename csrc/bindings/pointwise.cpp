@@ -118,7 +118,8 @@ std::tuple<at::Tensor, at::Tensor> bias_relu_masked_cuda(const at::Tensor& x, co
 // Allocates the backward's results, plans its row split and launches it. `p` comes with the
 // activation, scale and what recomputes z (x, bias, residual) or relu's mask.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_backward(BiasActBackwardParams p, const at::Tensor& grad,
-                                                               bool need_x, bool need_bias, bool need_residual) {
+                                                               bool need_x, bool need_bias, bool need_residual,
+                                                               const char* op) {
   const int64_t cols = grad.size(-1);
   const c10::DeviceGuard guard(grad.device());
   const auto empty = [&] { return at::empty({0}, grad.options()); };
@@ -149,9 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_backward(BiasActBackwardPa
       p.partials = partials.data_ptr<float>();
     }
   }
-  check_launch(bias_act_backward(p, current_stream(grad.device())), p.mask != nullptr ? "_bias_relu_mask_backward"
-                                                                                       : "_bias_act_backward",
-               "bias_act_backward");
+  check_launch(bias_act_backward(p, current_stream(grad.device())), op, "bias_act_backward");
   return {dx, db, dres};
 }
 
@@ -188,7 +187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_act_backward_cuda(
       p.residual_ld = row_stride(rm);
     }
   }
-  return launch_backward(p, grad, need_x, need_bias, need_residual);
+  return launch_backward(p, grad, need_x, need_bias, need_residual, op);
 }
 
 // The backward of _bias_relu_masked from grad and the mask alone (x, bias and residual not read).
@@ -207,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bias_relu_mask_backward_cuda(cons
   p.activation = int(Activation::kRelu);
   p.scale = float(scale);
   if (grad.numel() != 0) p.mask = reinterpret_cast<const uint32_t*>(mask.data_ptr<int32_t>());
-  return launch_backward(p, grad, need_x, need_bias, need_residual);
+  return launch_backward(p, grad, need_x, need_bias, need_residual, op);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ compiled extension (csrc/bindings/pointwise.cpp), which registers them when it l
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -159,10 +160,7 @@ def _pack_mask(positive: torch.Tensor) -> torch.Tensor:
 
 def _unpack_mask(mask: torch.Tensor, shape) -> torch.Tensor:
     bits = (mask.to(torch.int64).unsqueeze(1) >> torch.arange(32, device=mask.device)) & 1
-    numel = 1
-    for s in shape:
-        numel *= s
-    return bits.reshape(-1)[:numel].reshape(shape).bool()
+    return bits.reshape(-1)[: math.prod(shape)].reshape(shape).bool()
 
 
 def _bias_relu_masked_reference(x, bias, scale, residual):

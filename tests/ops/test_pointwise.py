@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import cutlass_ext
-from cutlass_ext.ops import _activation
+from cutlass_ext.ops import _activation, pointwise
 
 from ..conftest import requires_cuda
 from ..helpers import (DTYPES, activation64, assert_close_to_reference, capture_cuda_graph, cuda_kernels_run,
@@ -398,8 +398,6 @@ def test_bias_act_relu_saves_its_mask_only(device, monkeypatch):
     with torch.no_grad():
         y = cutlass_ext.bias_act(x, bias, "relu", residual=residual)
     assert y.grad_fn is None
-    from cutlass_ext.ops import pointwise
-
     monkeypatch.setattr(pointwise, "MAX_MASK_COLS", 32)
     saved = saved_by_backward(lambda: cutlass_ext.bias_act(x, bias, "relu", residual=residual))
     assert [d for d, _ in saved] == [torch.bfloat16] * 3
