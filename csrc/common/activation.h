@@ -27,46 +27,20 @@ CE_HOST_DEVICE float gelu(float x) { return 0.5f * x * (1.f + erff(x * kInvSqrt2
 CE_HOST_DEVICE float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(kTanhBeta * (x + kTanhKappa * x * x * x)));
 }
-CE_HOST_DEVICE float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-CE_HOST_DEVICE float silu(float x) { return x * sigmoid(x); }
-
-CE_HOST_DEVICE float forward(int kind, float x) {
-  switch (kind) {
-    case int(Activation::kRelu): return relu(x);
-    case int(Activation::kGelu): return gelu(x);
-    case int(Activation::kGeluTanh): return gelu_tanh(x);
-    case int(Activation::kSilu): return silu(x);
-    case int(Activation::kSigmoid): return sigmoid(x);
-    default: return x;
-  }
+// GELU's exact derivative, for the kernels that keep the erff form (fp32 results). SiLU and
+// sigmoid have no exact forms here: every kernel takes the exp2 forms of activation_16bit.h
+// through act::forward_for / act::backward_for, which also dispatch the forms above.
+CE_HOST_DEVICE float gelu_backward(float dy, float z) {
+  const float cdf = 0.5f * (1.f + erff(z * kInvSqrt2));
+  const float pdf = kInvSqrt2Pi * expf(-0.5f * z * z);
+  return dy * (cdf + z * pdf);
 }
 
-// d act / d z times dy. `saved` is the activation output y for relu (y > 0 iff z > 0) and the
-// pre-activation z for gelu, gelu_tanh, silu and sigmoid; it is unused for kNone.
-CE_HOST_DEVICE float backward(int kind, float dy, float saved) {
-  switch (kind) {
-    case int(Activation::kRelu): return saved > 0.f ? dy : 0.f;
-    case int(Activation::kGelu): {
-      const float cdf = 0.5f * (1.f + erff(saved * kInvSqrt2));
-      const float pdf = kInvSqrt2Pi * expf(-0.5f * saved * saved);
-      return dy * (cdf + saved * pdf);
-    }
-    case int(Activation::kGeluTanh): {
-      const float z2 = saved * saved;
-      const float t = tanhf(kTanhBeta * (saved + kTanhKappa * z2 * saved));
-      const float dinner = kTanhBeta * (1.f + 3.f * kTanhKappa * z2);
-      return dy * (0.5f * (1.f + t) + 0.5f * saved * (1.f - t * t) * dinner);
-    }
-    case int(Activation::kSilu): {
-      const float s = sigmoid(saved);
-      return dy * s * (1.f + saved * (1.f - s));
-    }
-    case int(Activation::kSigmoid): {
-      const float s = sigmoid(saved);
-      return dy * s * (1.f - s);
-    }
-    default: return dy;
-  }
+CE_HOST_DEVICE float gelu_tanh_backward(float dy, float z) {
+  const float z2 = z * z;
+  const float t = tanhf(kTanhBeta * (z + kTanhKappa * z2 * z));
+  const float dinner = kTanhBeta * (1.f + 3.f * kTanhKappa * z2);
+  return dy * (0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * dinner);
 }
 
 // Whether the backward needs the activation's input z (stored as an auxiliary GEMM output),

@@ -15,7 +15,7 @@
 //
 // sigmoid(x) = 1 / (1 + 2^(-x log2 e)) from the hardware exp2 and reciprocal, where expf and an
 // IEEE division take ~15 instructions; silu(x) = x sigmoid(x). Their derivatives take
-// 1 - sigmoid(x) without cancellation, which common/activation.h's forms do not. For 16-bit
+// 1 - sigmoid(x) without cancellation, which 1 - s computed from s does not. For 16-bit
 // results the exponent is x log2 e rounded to fp32 (relative error up to 1.8e-6 at |x| = 30, far
 // below a 16-bit unit). For fp32 results its rounding error is added back to first order (three
 // FMAs and a select), which leaves a few roundings and the exp2's and reciprocal's own errors,
@@ -150,28 +150,34 @@ CE_HOST_DEVICE float silu_fast_backward(float dy, float z) {
   return dy * p.s * fmaf(z, p.one_minus_s, 1.f);
 }
 
-// act::forward / act::backward for a kernel that stores T: SiLU and sigmoid take the forms above
-// (refined where T is wider than 16 bits), and GELU too where T is a 16-bit type.
+// The activation of a kernel that stores T, and its derivative times dy. `saved` is the
+// activation's output y for relu (y > 0 iff z > 0) and its input z for the others; none ignores
+// it. SiLU and sigmoid take the exp2 forms above (refined where T is wider than 16 bits), GELU too
+// where T is a 16-bit type; fp32 GELU and GELU-tanh keep common/activation.h's forms.
 template <class T>
 CE_HOST_DEVICE float forward_for(int kind, float x) {
   constexpr bool k16Bit = sizeof(T) == 2;
-  if constexpr (k16Bit) {
-    if (kind == int(Activation::kGelu)) return gelu_16bit(x);
+  switch (kind) {
+    case int(Activation::kRelu): return relu(x);
+    case int(Activation::kGelu): return k16Bit ? gelu_16bit(x) : gelu(x);
+    case int(Activation::kGeluTanh): return gelu_tanh(x);
+    case int(Activation::kSilu): return silu_fast<!k16Bit>(x);
+    case int(Activation::kSigmoid): return sigmoid_fast<!k16Bit>(x);
+    default: return x;
   }
-  if (kind == int(Activation::kSilu)) return silu_fast<!k16Bit>(x);
-  if (kind == int(Activation::kSigmoid)) return sigmoid_fast<!k16Bit>(x);
-  return forward(kind, x);
 }
 
 template <class T>
 CE_HOST_DEVICE float backward_for(int kind, float dy, float saved) {
   constexpr bool k16Bit = sizeof(T) == 2;
-  if constexpr (k16Bit) {
-    if (kind == int(Activation::kGelu)) return gelu_16bit_backward(dy, saved);
+  switch (kind) {
+    case int(Activation::kRelu): return saved > 0.f ? dy : 0.f;
+    case int(Activation::kGelu): return k16Bit ? gelu_16bit_backward(dy, saved) : gelu_backward(dy, saved);
+    case int(Activation::kGeluTanh): return gelu_tanh_backward(dy, saved);
+    case int(Activation::kSilu): return silu_fast_backward<!k16Bit>(dy, saved);
+    case int(Activation::kSigmoid): return sigmoid_fast_backward<!k16Bit>(dy, saved);
+    default: return dy;
   }
-  if (kind == int(Activation::kSilu)) return silu_fast_backward<!k16Bit>(dy, saved);
-  if (kind == int(Activation::kSigmoid)) return sigmoid_fast_backward<!k16Bit>(dy, saved);
-  return backward(kind, dy, saved);
 }
 
 }  // namespace act
